@@ -1,0 +1,91 @@
+"""Planted-bug implementations: each is a project kernel with one source-level patch.
+
+A mutant is made the way mutation-testing tools make them: take the source of a
+kernel module, replace one exact snippet (which must occur exactly once, so a
+kernel edit that moves the snippet breaks the mutant loudly instead of silently
+leaving it equal to the kernel), write the result to ``.mutants/`` and import it.
+Triton reads a kernel's source with ``inspect``, so the patched module must live in
+a real file. Every mutant then runs the same launch code, block sizes and wrapper
+checks as the kernel it was made from, and differs from it in the planted bug only.
+
+Each ``mutants/<family>.py`` declares its mutants with :func:`mutant`; the returned
+object is a contract-conforming function, so ``--impl softmax=mutants.softmax:NAME``
+works like any user kernel.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+_CACHE = Path(__file__).resolve().parent.parent / ".mutants"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """A planted bug: where it is, what it models, and which checks must catch it."""
+
+    name: str
+    op: str
+    fn: Callable
+    bug: str
+    kills: tuple[str, ...]
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def _patched_module(module: ModuleType, patches: tuple[tuple[str, str], ...], tag: str) -> ModuleType:
+    source = inspect.getsource(module)
+    for old, new in patches:
+        count = source.count(old)
+        if count != 1:
+            raise ValueError(
+                f"mutant {tag!r}: the snippet {old!r} occurs {count} times in "
+                f"{module.__name__}; it must occur exactly once (update the mutant "
+                f"after editing the kernel)"
+            )
+        source = source.replace(old, new)
+    digest = hashlib.sha1(source.encode()).hexdigest()[:12]
+    name = f"_mutant_{tag}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    _CACHE.mkdir(exist_ok=True)
+    path = _CACHE / f"{name}.py"
+    if not path.exists() or path.read_text() != source:
+        path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    patched = importlib.util.module_from_spec(spec)
+    sys.modules[name] = patched
+    spec.loader.exec_module(patched)
+    return patched
+
+
+def mutant(
+    op: str,
+    module: ModuleType,
+    patches: list[tuple[str, str]] | tuple[tuple[str, str], ...],
+    *,
+    name: str,
+    bug: str,
+    kills: tuple[str, ...],
+    attr: str | None = None,
+) -> Mutant:
+    """Make the mutant ``name`` of ``op`` by applying ``patches`` to ``module``.
+
+    ``bug`` is the docstring a user reads: the planted bug, the real-world bug class
+    it models and the input that triggers it. ``kills`` names the checks that must
+    fail on it (the self-test asserts each one does). ``attr`` is the function to
+    take from the patched module (default: ``op``).
+    """
+    if not kills:
+        raise ValueError(f"mutant {name!r} must name at least one check in kills")
+    patched = _patched_module(module, tuple(patches), f"{op}_{name}")
+    fn = getattr(patched, attr or op)
+    wrapper = Mutant(name=name, op=op, fn=fn, bug=bug, kills=tuple(kills))
+    return wrapper

@@ -1,0 +1,79 @@
+"""Which backend runs the kernels, and what each backend is known not to do.
+
+The Triton interpreter must be chosen before ``triton`` is first imported (it reads
+``TRITON_INTERPRET`` at import), so :func:`select` is called from ``conftest.py``'s
+``pytest_configure``, before any test module (and so any kernel) is imported.
+This module itself never imports triton.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+BACKENDS = ("auto", "cuda", "interpret")
+_selected: str | None = None
+
+
+def select(choice: str = "auto") -> str:
+    """Resolve ``choice`` to ``"cuda"`` or ``"interpret"`` and set up the environment."""
+    global _selected
+    if choice not in BACKENDS:
+        raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, got {choice!r}")
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "interpret"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--backend cuda was asked for, but torch sees no CUDA device")
+    want = "1" if choice == "interpret" else "0"
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") != want:
+        raise RuntimeError(
+            "triton was imported before the backend was chosen; TRITON_INTERPRET "
+            "must be set before the first `import triton`"
+        )
+    os.environ["TRITON_INTERPRET"] = want
+    _selected = choice
+    return choice
+
+
+def current() -> str:
+    """The selected backend; selects ``auto`` if nothing chose one yet (scripts, replays)."""
+    return _selected or select(os.environ.get("TRITONCHECK_BACKEND", "auto"))
+
+
+def device() -> torch.device:
+    return torch.device("cuda" if current() == "cuda" else "cpu")
+
+
+@dataclass(frozen=True)
+class BackendLimit:
+    """A known limitation of a backend, turned into a skip with its reason."""
+
+    backend: str
+    dtype: torch.dtype
+    ops: tuple[str, ...]
+    reason: str
+
+    def applies(self, backend: str, op: str, dtype: torch.dtype) -> bool:
+        return backend == self.backend and dtype == self.dtype and op in self.ops
+
+
+# The one table of backend limits. Facts seen on Triton 3.0 to 3.9 (design notes).
+KNOWN_LIMITS: tuple[BackendLimit, ...] = (
+    BackendLimit(
+        "interpret",
+        torch.bfloat16,
+        ("attention", "linear_attention"),
+        "the Triton interpreter holds bfloat16 as 16-bit integers, so tl.dot on bf16 "
+        "operands returns garbage (triton#11584, #10919); bf16 dot kernels are checked on the GPU",
+    ),
+)
+
+
+def limit_for(op: str, dtype: torch.dtype, backend: str | None = None) -> BackendLimit | None:
+    backend = backend or current()
+    for limit in KNOWN_LIMITS:
+        if limit.applies(backend, op, dtype):
+            return limit
+    return None

@@ -1,0 +1,29 @@
+"""Run-wide settings chosen once per run by ``conftest.py`` (or a replay script).
+
+``size`` scales the problem sizes the strategies draw: ``small`` keeps each example
+cheap enough for the Triton interpreter on a 2-core CI machine, ``large`` reaches
+the sizes real models send (rows of 2**17, long sequences) on a GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+PROFILE_SIZES = {"dev": "small", "ci": "small", "gpu": "large", "nightly": "large"}
+
+
+@dataclass
+class RunConfig:
+    size: str = "small"
+    ops: tuple[str, ...] | None = None  # --op
+    dtypes: tuple[torch.dtype, ...] | None = None  # --dtype
+    report_dir: Path = Path("reports")
+
+    def pick(self, small, large):
+        """The ``small`` or ``large`` variant of a size limit, by the run's size."""
+        return large if self.size == "large" else small
+
+
+CONFIG = RunConfig()

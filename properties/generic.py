@@ -1,0 +1,157 @@
+"""Checks that apply to every op: the reference comparisons, and the contract's
+promises that need no reference (inputs are not modified, results are deterministic).
+
+Each family module builds its :class:`~properties.registry.OpSpec` with
+``generic_checks(...)`` plus its own properties.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+from hypothesis import strategies as st
+
+from properties import backend
+from properties.oracle import assert_close, assert_identical, to_numpy
+from properties.registry import OPS, Check, Implementation, NotApplicable, OpSpec
+from properties.strategies import Case, tensors
+from properties.tolerance import Precision
+
+UPSTREAM_FAMILIES = ("normal", "outlier", "constant")
+
+
+def precision(impl: Implementation, case: Case) -> Precision:
+    dtype = getattr(torch, case.dtype)
+    return Precision.of(dtype, backend.current(), getattr(impl.fn, "fp32_dot_precision", None))
+
+
+def run(case: Case, impl: Implementation, values: Mapping[str, Any] | None = None):
+    """Materialise ``case`` (unless ``values`` are given), call ``impl``, name its outputs."""
+    op = OPS[case.op]
+    values = dict(values) if values is not None else case.materialise(backend.device())
+    return values, op.unpack(case.call(impl.fn, values))
+
+
+def _check_output_types(op: OpSpec, case: Case, outs: Mapping[str, torch.Tensor]) -> None:
+    dtype = getattr(torch, case.dtype)
+    for name, t in outs.items():
+        want = op.output_dtypes.get(name, dtype)
+        if t.dtype != want:
+            raise AssertionError(f"{op.name} output {name!r} has dtype {t.dtype}, the contract says {want}")
+
+
+def matches_reference(case: Case, impl: Implementation) -> None:
+    """Every output matches the fp64 NumPy reference, run on the same rounded inputs,
+    within the op's derived tolerance."""
+    op = OPS[case.op]
+    values, outs = run(case, impl)
+    _check_output_types(op, case, outs)
+    expected, inputs64 = op.expected(case, values)
+    allowed = op.tolerance(case, inputs64, expected, precision(impl, case))
+    for name in op.outputs:
+        assert_close(name, outs[name], expected[name], allowed[name],
+                     dtype=op.output_dtypes.get(name, getattr(torch, case.dtype)))
+
+
+def with_upstream(op: OpSpec, dtype: torch.dtype) -> st.SearchStrategy[Case]:
+    """The op's cases plus an upstream gradient ``d<output>`` for each output that
+    carries gradients, in the output's shape and any layout."""
+
+    def add(case: Case) -> st.SearchStrategy[Case]:
+        shapes = op.output_shapes(case)
+        grads = {f"d{n}": tensors(shapes[n], dtype, families=UPSTREAM_FAMILIES, scales=(1.0, 1e-3, 1e3))
+                 for n in op.grad_outputs}
+        return st.fixed_dictionaries(grads).map(lambda g: case.replace(tensors=g))
+
+    return op.cases(dtype).flatmap(add)
+
+
+def _backward(op: OpSpec, case: Case, impl: Implementation, values: dict[str, Any]):
+    for name in op.grad_inputs:
+        values[name] = values[name].detach().requires_grad_(True)
+    _, outs = run(case, impl, values)
+    for name in op.grad_outputs:
+        if outs[name].grad_fn is None:
+            raise NotApplicable(f"output {name!r} of {impl.name} carries no grad_fn (no backward)")
+    dys = [values[f"d{n}"] for n in op.grad_outputs]
+    grads = torch.autograd.grad([outs[n] for n in op.grad_outputs], [values[n] for n in op.grad_inputs],
+                                dys, allow_unused=True)
+    for name, g in zip(op.grad_inputs, grads):
+        if g is None:
+            raise AssertionError(f"no gradient reached input {name!r} through {impl.name}")
+    return outs, dict(zip(op.grad_inputs, grads))
+
+
+def gradients_match_reference(case: Case, impl: Implementation) -> None:
+    """Gradients of every differentiable input match fp64 PyTorch autograd on the
+    same rounded inputs and upstream gradients, within the derived tolerance."""
+    op = OPS[case.op]
+    values = case.materialise(backend.device())
+    _, grads = _backward(op, case, impl, values)
+    args64 = {}
+    for name, v in values.items():
+        if isinstance(v, torch.Tensor):
+            t = v.detach().to("cpu", torch.float64 if v.dtype.is_floating_point else v.dtype)
+            args64[name] = t.requires_grad_(name in op.grad_inputs)
+        else:
+            args64[name] = v
+    outs64 = op.unpack(op.torch_reference(*(args64[a] for a in case.args)))
+    dys64 = [args64[f"d{n}"] for n in op.grad_outputs]
+    grads64 = torch.autograd.grad([outs64[n] for n in op.grad_outputs], [args64[n] for n in op.grad_inputs], dys64)
+    np_in = {k: to_numpy(v) if isinstance(v, torch.Tensor) else v for k, v in args64.items()}
+    allowed = op.grad_tolerance(case, np_in, {k: to_numpy(v) for k, v in outs64.items()},
+                                {n: to_numpy(g) for n, g in zip(op.grad_inputs, grads64)}, precision(impl, case))
+    for name, g64 in zip(op.grad_inputs, grads64):
+        if grads[name].dtype != values[name].dtype:
+            raise AssertionError(f"gradient of {name!r} has dtype {grads[name].dtype}, input has {values[name].dtype}")
+        assert_close(f"d{name}", grads[name], to_numpy(g64), allowed[f"d{name}"], dtype=values[name].dtype)
+
+
+def _whole_storage(t: torch.Tensor) -> torch.Tensor:
+    n = t.untyped_storage().nbytes() // t.element_size()
+    return t.detach().as_strided((n,), (1,), 0)
+
+
+def inputs_unchanged(case: Case, impl: Implementation) -> None:
+    """The call leaves every input's storage bit for bit as it was, the gaps of
+    strided views and the bytes before a storage offset included."""
+    values = case.materialise(backend.device())
+    before = {k: _whole_storage(v).clone() for k, v in values.items() if isinstance(v, torch.Tensor)}
+    run(case, impl, values)
+    for name, snapshot in before.items():
+        assert_identical(name, snapshot, _whole_storage(values[name]), f"{impl.name} wrote into its input {name!r}")
+
+
+def deterministic(case: Case, impl: Implementation) -> None:
+    """Two calls on the same inputs give bitwise identical outputs (and gradients,
+    where the implementation has a backward)."""
+    op = OPS[case.op]
+    values = case.materialise(backend.device())
+    _, first = run(case, impl, values)
+    _, second = run(case, impl, values)
+    for name in op.outputs:
+        assert_identical(name, first[name], second[name], f"{impl.name} is not deterministic")
+    if op.grad_inputs and impl.supports_backward:
+        try:
+            _, g1 = _backward(op, case, impl, dict(values))
+        except NotApplicable:
+            return
+        _, g2 = _backward(op, case, impl, dict(values))
+        for name in op.grad_inputs:
+            assert_identical(f"d{name}", g1[name], g2[name], f"{impl.name}'s backward is not deterministic")
+
+
+def _needs_backward(impl: Implementation) -> str | None:
+    return None if impl.supports_backward else f"{impl.name} declares supports_backward = False"
+
+
+def generic_checks(grad: bool) -> tuple[Check, ...]:
+    """The checks every op gets; ``grad`` adds the gradient comparison."""
+    checks = [Check("matches_reference", matches_reference)]
+    if grad:
+        checks.append(Check("gradients_match_reference", gradients_match_reference, cases=with_upstream,
+                            needs_backward=True, requires=_needs_backward))
+    checks.append(Check("inputs_unchanged", inputs_unchanged))
+    checks.append(Check("deterministic", deterministic, cases=with_upstream if grad else None))
+    return tuple(checks)
+

@@ -1,0 +1,128 @@
+"""From the registry to pytest: one test per (op, implementation, dtype, check).
+
+A :class:`Target` draws a case, runs the check, records the error figures for the
+report, and when the check fails writes the case to a replay file and adds to the
+error what a person needs: the case in words and the command that replays it.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from properties import backend, registry
+from properties.config import CONFIG
+from properties.oracle import recording
+from properties.registry import Check, Implementation, NotApplicable, OpSpec
+from properties.strategies import Case
+
+RECORDED_CHECKS = ("matches_reference", "gradients_match_reference")
+_collector = None  # set by conftest to a report.Collector
+
+
+def set_collector(collector) -> None:
+    global _collector
+    _collector = collector
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+@dataclass(frozen=True, repr=False)
+class Target:
+    op: OpSpec
+    impl: Implementation
+    dtype: torch.dtype
+    check: Check
+
+    def __repr__(self) -> str:
+        return self.id
+
+    @property
+    def id(self) -> str:
+        return f"{self.op.name}-{self.impl.name}-{dtype_name(self.dtype)}-{self.check.name}"
+
+    def strategy(self) -> st.SearchStrategy[Case]:
+        if self.check.cases is not None:
+            return self.check.cases(self.op, self.dtype)
+        return self.op.cases(self.dtype)
+
+    def skip_reason(self) -> str | None:
+        limit = backend.limit_for(self.op.name, self.dtype)
+        if limit is not None:
+            return f"{backend.current()}: {limit.reason}"
+        reason = self.impl.unsupported(self.dtype)
+        if reason:
+            return reason
+        if self.check.requires is not None:
+            return self.check.requires(self.impl)
+        return None
+
+    def run(self, case: Case) -> None:
+        sink = _collector.sink(self, case) if _collector is not None and self.check.name in RECORDED_CHECKS else None
+        try:
+            if sink is None:
+                self.check.run(case, self.impl)
+            else:
+                with recording(sink):
+                    self.check.run(case, self.impl)
+        except NotApplicable as exc:
+            pytest.skip(str(exc))
+        except Exception as exc:
+            path = save_failure(self, case)
+            note = (f"\n{self.check.name} failed for {self.impl.name} on:\n{case.describe()}\n"
+                    f"replay: python -m properties.replay {path}")
+            if isinstance(exc, AssertionError):
+                raise AssertionError(f"{exc}\n{note}") from None
+            if hasattr(exc, "add_note"):
+                exc.add_note(note)
+            raise
+
+
+def save_failure(target: Target, case: Case) -> Path:
+    """Write the case and where it failed, for ``python -m properties.replay``."""
+    folder = Path(CONFIG.report_dir) / "failures"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / (re.sub(r"[^A-Za-z0-9_.-]+", "_", target.id) + ".json")
+    path.write_text(json.dumps({
+        "check": target.check.name, "impl": target.impl.target, "impl_name": target.impl.name,
+        "backend": backend.current(), "case": case.to_json(),
+    }, indent=1))
+    return path
+
+
+def targets() -> list[Target]:
+    ops = registry.load()
+    chosen = CONFIG.ops or tuple(ops)
+    unknown = set(chosen) - set(ops)
+    if unknown:
+        raise ValueError(f"--op {sorted(unknown)}: unknown; known ops: {', '.join(sorted(ops))}")
+    out = []
+    for name in chosen:
+        op = ops[name]
+        for impl in registry.implementations(name):
+            for dtype in op.dtypes:
+                if CONFIG.dtypes and dtype not in CONFIG.dtypes:
+                    continue
+                out.extend(Target(op, impl, dtype, check) for check in op.checks)
+    return out
+
+
+def params(items: list[Target]) -> list:
+    """pytest parameters: skips and expected failures carry their reasons."""
+    out = []
+    for t in items:
+        marks = []
+        reason = t.skip_reason()
+        if reason:
+            marks.append(pytest.mark.skip(reason=reason))
+        elif t.check.name in t.impl.expected_failures:
+            marks.append(pytest.mark.xfail(reason=t.impl.expected_failures[t.check.name], strict=True))
+        out.append(pytest.param(t, id=t.id, marks=marks))
+    return out

@@ -1,0 +1,153 @@
+"""Comparing an output with its fp64 reference, and saying so when it fails.
+
+:func:`assert_close` measures the error of every element (absolute, relative to the
+output's scale, ULPs of the output dtype), checks it against the allowed error of
+that element, records the figures for the tolerance report, and on failure raises
+an ``AssertionError`` that names the worst element the way
+``torch.testing.assert_close`` does: its index, the expected and actual values, the
+error, the allowance and how many times over it the error is.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+from properties import tolerance
+
+
+@dataclass(frozen=True)
+class Comparison:
+    output: str
+    dtype: torch.dtype
+    numel: int
+    max_abs: float
+    max_rel: float  # max |error| / max |expected|
+    max_ulp: float  # in ulps of the output dtype at the expected value
+    headroom: float  # max |error| / allowed; <= 1 passes
+    worst: tuple[int, ...] | None  # index of the largest error/allowed
+    expected: float
+    got: float
+    allowed: float
+    violations: int
+    special_mismatches: int  # NaN/inf where the reference has none, or the reverse
+    scale: float  # max |expected| over finite entries (the x axis of the report's plots)
+
+    @property
+    def ok(self) -> bool:
+        return self.violations == 0 and self.special_mismatches == 0
+
+
+def to_numpy(t) -> np.ndarray:
+    if isinstance(t, torch.Tensor):
+        return t.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(t, dtype=np.float64)
+
+
+def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.ndarray | float,
+            dtype: torch.dtype | None = None) -> Comparison:
+    """Measure ``got`` against ``expected`` (fp64) with per-element ``allowed`` error.
+
+    NaN must match NaN and an infinity the same infinity exactly; finite expected
+    values must be met by finite results within ``allowed``.
+    """
+    dtype = dtype or got.dtype
+    g = to_numpy(got)
+    e = np.asarray(expected, dtype=np.float64)
+    if g.shape != e.shape:
+        raise AssertionError(f"output {output!r} has shape {list(g.shape)}, the reference has {list(e.shape)}")
+    allowed = np.broadcast_to(np.asarray(allowed, dtype=np.float64), e.shape)
+    fin = np.isfinite(e)
+    special = ~fin
+    same_special = (np.isnan(e) & np.isnan(g)) | (np.isinf(e) & (g == e))
+    mismatches = special & ~same_special
+    nonfinite_got = fin & ~np.isfinite(g)
+    err = np.where(fin & np.isfinite(g), np.abs(g - e), 0.0)
+    err = np.where(nonfinite_got, np.inf, err)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(fin, err / allowed, 0.0)
+    ratio = np.where(fin & (err == 0), 0.0, ratio)
+    scale = float(np.max(np.abs(e[fin]))) if fin.any() else 0.0
+    worst_flat = int(np.argmax(np.where(mismatches, np.inf, ratio))) if e.size else 0
+    worst = tuple(int(i) for i in np.unravel_index(worst_flat, e.shape)) if e.size else None
+    ulps = err / tolerance.ulp(e, dtype) if e.size else np.zeros(0)
+    return Comparison(
+        output=output, dtype=dtype, numel=int(e.size),
+        max_abs=float(err.max()) if e.size else 0.0,
+        max_rel=float(err.max() / scale) if e.size and scale > 0 else (0.0 if not e.size or err.max() == 0 else np.inf),
+        max_ulp=float(np.max(np.where(fin, ulps, 0.0))) if e.size else 0.0,
+        headroom=float(ratio.max()) if e.size else 0.0,
+        worst=worst,
+        expected=float(e.flat[worst_flat]) if e.size else 0.0,
+        got=float(g.flat[worst_flat]) if e.size else 0.0,
+        allowed=float(allowed.flat[worst_flat]) if e.size else 0.0,
+        violations=int(np.sum(ratio > 1)),
+        special_mismatches=int(mismatches.sum()),
+        scale=scale,
+    )
+
+
+def failure_text(c: Comparison, what: str) -> str:
+    idx = list(c.worst) if c.worst is not None else []
+    lines = [
+        f"{what}: output {c.output!r} is off in {c.violations + c.special_mismatches} of {c.numel} "
+        f"elements ({100 * (c.violations + c.special_mismatches) / max(c.numel, 1):.2f}%)"
+    ]
+    if c.special_mismatches:
+        lines.append(f"  {c.special_mismatches} elements disagree on NaN/inf with the reference")
+    lines.append(
+        f"  worst at index {idx}: expected {c.expected:.9g}, got {c.got:.9g}, "
+        f"|error| {abs(c.got - c.expected):.3g}, allowed {c.allowed:.3g} "
+        f"({c.headroom:.3g} x the tolerance)"
+    )
+    lines.append(
+        f"  largest |error| {c.max_abs:.3g} = {c.max_rel:.3g} of the output's scale "
+        f"{c.scale:.3g} = {c.max_ulp:.3g} ULP of {str(c.dtype).replace('torch.', '')}"
+    )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- recording for reports
+
+_recorder: contextvars.ContextVar[Callable[[Comparison], None] | None] = contextvars.ContextVar(
+    "recorder", default=None)
+
+
+@contextlib.contextmanager
+def recording(sink: Callable[[Comparison], None]) -> Iterator[None]:
+    token = _recorder.set(sink)
+    try:
+        yield
+    finally:
+        _recorder.reset(token)
+
+
+def assert_close(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.ndarray | float,
+                 what: str = "does not match the fp64 reference", dtype: torch.dtype | None = None,
+                 record: bool = True) -> Comparison:
+    """Compare, record the figures for the report, and raise if any element is off."""
+    c = compare(output, got, expected, allowed, dtype)
+    sink = _recorder.get()
+    if record and sink is not None:
+        sink(c)
+    if not c.ok:
+        raise AssertionError(failure_text(c, what))
+    return c
+
+
+def assert_identical(output: str, a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    """Bitwise equality (NaNs compare equal to NaNs in the same places)."""
+    if a.shape != b.shape:
+        raise AssertionError(f"{what}: output {output!r} changed shape {list(a.shape)} -> {list(b.shape)}")
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    if not bool(same.all()):
+        bad = (~same).nonzero()
+        first = tuple(int(i) for i in bad[0])
+        raise AssertionError(
+            f"{what}: output {output!r} differs in {bad.shape[0]} of {a.numel()} elements; "
+            f"first at index {list(first)}: {a[first].item()!r} vs {b[first].item()!r}"
+        )

@@ -1,0 +1,230 @@
+"""The registry: one record per op, and the implementations under test.
+
+An :class:`OpSpec` pairs everything the suite knows about an op: the contract
+signature, the fp64 references, the input strategy, the tolerance rule, the checks
+that apply and which inputs have gradients. Tests are parametrised from it, so a
+new op is one ``properties/<family>.py`` that calls :func:`register`, and no test
+file learns its name.
+
+An :class:`Implementation` is a function that follows the contract: the project's
+kernel by default, or whatever a user names with ``--impl OP=module:function`` or
+:func:`register_implementation`. What it does not support (dtypes, backward) it
+says with attributes on the function; the suite skips those with the reason.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from properties.strategies import FLOAT_DTYPES, Case
+
+FAMILIES = ("softmax",)
+
+
+class NotApplicable(Exception):
+    """Raised by a check when a drawn case, or the implementation, cannot be checked."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """A property or reference comparison that must hold for every case.
+
+    ``run(case, impl)`` raises ``AssertionError`` when the property fails.
+    ``cases(op, dtype)`` (optional) replaces the op's strategy for this check; ``requires``
+    (optional) returns a reason when an implementation cannot be checked this way.
+    """
+
+    name: str
+    run: Callable[[Case, "Implementation"], None]
+    cases: Callable[["OpSpec", torch.dtype], st.SearchStrategy[Case]] | None = None
+    needs_backward: bool = False
+    requires: Callable[["Implementation"], str | None] | None = None
+
+    def __post_init__(self):
+        if not self.name.isidentifier():
+            raise ValueError(f"Check name must be an identifier, got {self.name!r}")
+        if not callable(self.run):
+            raise TypeError(f"Check {self.name!r}: run must be callable")
+
+    @property
+    def doc(self) -> str:
+        return inspect.getdoc(self.run) or ""
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """Everything the suite knows about one op of ``shared/ops-contract.md``."""
+
+    name: str
+    signature: str
+    arguments: tuple[str, ...]  # positional arguments, contract order
+    outputs: tuple[str, ...]  # names of the returned tensors, in order
+    kernel: str  # "module:function" of the project's kernel
+    reference: Callable[..., Any]  # fp64 NumPy, same signature
+    cases: Callable[[torch.dtype], st.SearchStrategy[Case]]
+    tolerance: Callable[..., dict[str, np.ndarray]]  # (case, inputs64, expected, precision) -> allowed
+    checks: tuple[Check, ...]
+    dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
+    grad_inputs: tuple[str, ...] = ()  # inputs that receive gradients
+    grad_outputs: tuple[str, ...] = ()  # outputs that carry them
+    torch_reference: Callable[..., Any] | None = None  # fp64 PyTorch, differentiable
+    grad_tolerance: Callable[..., dict[str, np.ndarray]] | None = None
+    output_shapes: Callable[[Case], dict[str, tuple[int, ...]]] | None = None  # for upstream gradients
+    output_dtypes: Mapping[str, torch.dtype] = field(default_factory=dict)  # outputs not in the input dtype
+
+    def __post_init__(self):
+        if not self.name.isidentifier():
+            raise ValueError(f"OpSpec name must be an identifier, got {self.name!r}")
+        names = [c.name for c in self.checks]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"OpSpec {self.name!r}: checks named more than once: {sorted(dup)}")
+        if ":" not in self.kernel:
+            raise ValueError(f"OpSpec {self.name!r}: kernel must be 'module:function', got {self.kernel!r}")
+        if self.grad_inputs:
+            if None in (self.torch_reference, self.grad_tolerance, self.output_shapes) or not self.grad_outputs:
+                raise ValueError(f"OpSpec {self.name!r}: grad_inputs need grad_outputs, torch_reference, "
+                                 "grad_tolerance and output_shapes")
+            missing = set(self.grad_inputs) - set(self.arguments)
+            if missing:
+                raise ValueError(f"OpSpec {self.name!r}: grad_inputs {sorted(missing)} are not arguments")
+        if not set(self.grad_outputs) <= set(self.outputs):
+            raise ValueError(f"OpSpec {self.name!r}: grad_outputs must be among outputs {self.outputs}")
+
+    def unpack(self, result) -> dict[str, torch.Tensor]:
+        """Name the outputs an implementation returned, checking their number and type."""
+        items = result if isinstance(result, (tuple, list)) else (result,)
+        if len(items) != len(self.outputs):
+            raise AssertionError(
+                f"{self.name} must return {len(self.outputs)} tensor(s) {self.outputs}, got {len(items)}")
+        for name, item in zip(self.outputs, items):
+            if not isinstance(item, torch.Tensor):
+                raise AssertionError(f"{self.name} output {name!r} is a {type(item).__name__}, not a tensor")
+        return dict(zip(self.outputs, items))
+
+    def expected(self, case: Case, values: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The fp64 NumPy reference on the same (already rounded) inputs.
+
+        Returns the reference outputs and the fp64 inputs it was given."""
+        inputs64 = {k: (v.detach().to("cpu", torch.float64).numpy() if isinstance(v, torch.Tensor)
+                        and v.dtype.is_floating_point else
+                        (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v))
+                    for k, v in values.items()}
+        out = self.reference(*(inputs64[a] for a in case.args))
+        out = out if isinstance(out, tuple) else (out,)
+        return dict(zip(self.outputs, out)), inputs64
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """A function under test for one op, and what it declares it supports."""
+
+    op: str
+    name: str
+    fn: Callable
+    kind: str = "kernel"  # kernel | user | mutant | control
+    dtypes: tuple[torch.dtype, ...] | None = None  # None: every dtype of the op
+    supports_backward: bool = True
+    expected_failures: Mapping[str, str] = field(default_factory=dict)  # check name -> reason
+    target: str | None = None  # "module:function", for replay commands
+
+    def __post_init__(self):
+        if not callable(self.fn):
+            raise TypeError(f"implementation {self.name!r} of {self.op!r} is not callable")
+        if self.kind not in ("kernel", "user", "mutant", "control"):
+            raise ValueError(f"implementation kind must be kernel, user, mutant or control, got {self.kind!r}")
+
+    @classmethod
+    def of(cls, op: str, fn: Callable, name: str | None = None, kind: str = "user",
+           target: str | None = None) -> "Implementation":
+        """Read what ``fn`` declares: ``fn.dtypes``, ``fn.supports_backward``,
+        ``fn.expected_failures`` (a dict of check name to reason)."""
+        dtypes = getattr(fn, "dtypes", None)
+        return cls(op=op, name=name or getattr(fn, "__name__", None) or getattr(fn, "name", "impl"), fn=fn,
+                   kind=kind, dtypes=tuple(dtypes) if dtypes is not None else None,
+                   supports_backward=bool(getattr(fn, "supports_backward", True)),
+                   expected_failures=dict(getattr(fn, "expected_failures", {}) or {}),
+                   target=target or _target_of(fn))
+
+    def unsupported(self, dtype: torch.dtype) -> str | None:
+        if self.dtypes is not None and dtype not in self.dtypes:
+            return f"{self.name} declares dtypes {[str(d).replace('torch.', '') for d in self.dtypes]}"
+        return None
+
+
+def _target_of(fn: Callable) -> str | None:
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    return f"{module}:{qualname}" if module and qualname and "<" not in qualname else None
+
+
+OPS: dict[str, OpSpec] = {}
+_user_impls: dict[str, list[Implementation]] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    if spec.name in OPS and OPS[spec.name] is not spec:
+        raise ValueError(f"op {spec.name!r} is registered twice")
+    OPS[spec.name] = spec
+    return spec
+
+
+def load() -> dict[str, OpSpec]:
+    """Import every family module (which registers its ops)."""
+    for family in FAMILIES:
+        importlib.import_module(f"properties.{family}")
+    return OPS
+
+
+def resolve(target: str) -> Callable:
+    """Import ``package.module:function`` and return the function; a clear error otherwise."""
+    if ":" not in target:
+        raise ValueError(f"{target!r} is not of the form package.module:function")
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import {module_name!r} ({exc}); is it on PYTHONPATH or in the current directory?") from exc
+    fn = module
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            raise ValueError(f"module {module_name!r} has no attribute {attr!r}")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise ValueError(f"{target!r} is a {type(fn).__name__}, not a callable")
+    return fn
+
+
+def register_implementation(op: str, fn: Callable | str, name: str | None = None) -> Implementation:
+    """Test ``fn`` for ``op`` instead of the project's kernel (the Python form of ``--impl``).
+
+    Once any implementation is registered, only the ops that have one are run.
+    """
+    load()
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; known ops: {', '.join(sorted(OPS))}")
+    label = fn if isinstance(fn, str) else None
+    if isinstance(fn, str):
+        fn = resolve(fn)
+    impl = Implementation.of(op, fn, name=name or (label.rpartition(":")[2] if label else None), kind="user",
+                             target=label)
+    _user_impls.setdefault(op, []).append(impl)
+    return impl
+
+
+def clear_implementations() -> None:
+    _user_impls.clear()
+
+
+def implementations(op: str) -> list[Implementation]:
+    """What is under test for ``op``: the user's implementations if any op has one
+    (only those ops then), else the project's kernel."""
+    if _user_impls:
+        return list(_user_impls.get(op, []))
+    spec = OPS[op]
+    return [Implementation.of(op, resolve(spec.kernel), name="triton", kind="kernel", target=spec.kernel)]

@@ -1,0 +1,54 @@
+"""Replay one failing case, exactly, without Hypothesis or pytest.
+
+    python -m properties.replay reports/failures/<test id>.json [--impl module:function]
+
+The file, written by the suite when a check fails, holds the check's name, the
+implementation's import path and the case (shapes, layouts, dtype, value family,
+seed, injected values): inputs are rebuilt bit for bit from it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m properties.replay", description=__doc__.splitlines()[0])
+    parser.add_argument("file")
+    parser.add_argument("--impl", help="module:function to run instead of the recorded implementation")
+    parser.add_argument("--backend", default=None, help="cuda or interpret (default: the recorded backend)")
+    args = parser.parse_args(argv)
+    data = json.loads(open(args.file).read())
+
+    from properties import backend
+    backend.select(args.backend or data.get("backend", "auto"))
+    from properties import registry
+    from properties.registry import Implementation
+    from properties.strategies import Case
+
+    ops = registry.load()
+    case = Case.from_json(data["case"])
+    op = ops[case.op]
+    target = args.impl or data["impl"]
+    if not target:
+        print("the file names no importable implementation; pass --impl module:function", file=sys.stderr)
+        return 2
+    impl = Implementation.of(case.op, registry.resolve(target), name=data.get("impl_name"), target=target)
+    check = {c.name: c for c in op.checks}[data["check"]]
+    print(f"replaying {check.name} for {impl.name} ({target}) on {backend.current()}:\n{case.describe()}\n")
+    try:
+        check.run(case, impl)
+    except AssertionError as exc:
+        print(f"FAILED: {exc}")
+        return 1
+    except Exception:
+        traceback.print_exc()
+        return 1
+    print("passed: the case no longer fails")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

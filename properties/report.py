@@ -1,0 +1,218 @@
+"""The tolerance report: how much of each dtype's error budget every output used.
+
+Every comparison made by a reference check is recorded (one row per example and
+output). Each pytest process (each xdist worker) writes its rows to
+``<report-dir>/parts/``; the controlling process merges them into ``report.json``
+(schema in ``docs/report-schema.md``), ``report.md`` and ``report.html``, and
+prints a compact table at the end of the run.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+
+class Collector:
+    """Rows recorded in this process."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+        self.examples: dict[str, int] = defaultdict(int)
+
+    def sink(self, target, case):
+        from properties import backend
+        self.examples[target.id] += 1
+
+        def record(c):
+            self.rows.append({
+                "op": target.op.name, "impl": target.impl.name, "dtype": str(target.dtype).replace("torch.", ""),
+                "backend": backend.current(), "check": target.check.name, "output": c.output,
+                "numel": c.numel, "max_abs": c.max_abs, "max_rel": c.max_rel, "max_ulp": c.max_ulp,
+                "headroom": c.headroom, "allowed_at_worst": c.allowed, "scale": c.scale,
+                "passed": c.ok, "case": case.to_json(), "impl_target": target.impl.target,
+            })
+        return record
+
+    def dump(self, folder: Path, name: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.json").write_text(json.dumps({"rows": self.rows, "examples": self.examples}))
+
+
+def _finite(values):
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def _pct(values, q):
+    v = _finite(values)
+    return float(np.percentile(v, q)) if v else None
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """One entry per (op, impl, dtype, backend, output)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["op"], r["impl"], r["dtype"], r["backend"], r["output"])].append(r)
+    out = []
+    for (op, impl, dtype, be, output), rs in sorted(groups.items()):
+        worst = max(rs, key=lambda r: r["headroom"] if math.isfinite(r["headroom"]) else 1e300)
+        out.append({
+            "op": op, "impl": impl, "dtype": dtype, "backend": be, "output": output,
+            "examples": len(rs), "failed": sum(not r["passed"] for r in rs),
+            "max_abs": max(r["max_abs"] for r in rs), "p99_abs": _pct([r["max_abs"] for r in rs], 99),
+            "max_rel": max(r["max_rel"] for r in rs), "p99_rel": _pct([r["max_rel"] for r in rs], 99),
+            "max_ulp": max(r["max_ulp"] for r in rs), "p99_ulp": _pct([r["max_ulp"] for r in rs], 99),
+            "max_headroom": worst["headroom"], "allowed_at_worst": worst["allowed_at_worst"],
+            "closest_case": {"check": worst["check"], "impl": worst["impl_target"], "case": worst["case"]},
+            "points": [[r["numel"], r["max_rel"], r["headroom"]] for r in rs],
+        })
+    return out
+
+
+def merge(folder: Path) -> dict:
+    rows, examples = [], defaultdict(int)
+    for part in sorted((folder / "parts").glob("*.json")):
+        data = json.loads(part.read_text())
+        rows.extend(data["rows"])
+        for k, v in data["examples"].items():
+            examples[k] += v
+    return {"rows": rows, "examples": dict(examples)}
+
+
+def build(folder: Path, skipped: list[dict], meta: dict) -> dict:
+    merged = merge(folder)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "meta": meta,
+        "outputs": summarise(merged["rows"]),
+        "examples_per_test": merged["examples"],
+        "skipped": skipped,
+    }
+
+
+def _fmt(v, spec=".2e"):
+    if v is None:
+        return "-"
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return format(v, spec)
+
+
+def table(report: dict) -> str:
+    """The compact table printed at the end of a run."""
+    head = f"{'op':<28} {'impl':<14} {'dtype':<9} {'output':<7} {'n':>5} {'max abs':>9} {'max rel':>9} {'max ulp':>9} {'headroom':>9}"
+    lines = [head, "-" * len(head)]
+    for o in report["outputs"]:
+        lines.append(f"{o['op']:<28} {o['impl'][:14]:<14} {o['dtype']:<9} {o['output'][:7]:<7} {o['examples']:>5} "
+                     f"{_fmt(o['max_abs']):>9} {_fmt(o['max_rel']):>9} {_fmt(o['max_ulp'], '.3g'):>9} "
+                     f"{_fmt(o['max_headroom'], '.3f'):>9}")
+    return "\n".join(lines)
+
+
+def markdown(report: dict) -> str:
+    m = report["meta"]
+    lines = [f"# Tolerance report", "",
+             f"Backend `{m.get('backend')}`, profile `{m.get('profile')}`, device {m.get('device')}, "
+             f"{report['created']}. Headroom is the largest error divided by its allowance (<= 1 passes).", "",
+             "| op | impl | dtype | output | examples | max abs | p99 abs | max rel | max ULP | headroom |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for o in report["outputs"]:
+        lines.append(f"| {o['op']} | {o['impl']} | {o['dtype']} | {o['output']} | {o['examples']} | "
+                     f"{_fmt(o['max_abs'])} | {_fmt(o['p99_abs'])} | {_fmt(o['max_rel'])} | "
+                     f"{_fmt(o['max_ulp'], '.3g')} | {_fmt(o['max_headroom'], '.3f')} |")
+    if report["skipped"]:
+        lines += ["", "## Skipped and expected failures", "", "| test | outcome | reason |", "|---|---|---|"]
+        for s in report["skipped"]:
+            lines.append(f"| `{s['test']}` | {s['outcome']} | {s['reason']} |")
+    return "\n".join(lines) + "\n"
+
+
+def html_page(report: dict) -> str:
+    """One self-contained page: the table, error vs problem size per dtype, headroom per op."""
+    esc = html.escape
+    rows = "".join(
+        f"<tr><td>{esc(o['op'])}</td><td>{esc(o['impl'])}</td><td>{o['dtype']}</td><td>{esc(o['output'])}</td>"
+        f"<td>{o['examples']}</td><td>{_fmt(o['max_abs'])}</td><td>{_fmt(o['max_rel'])}</td>"
+        f"<td>{_fmt(o['max_ulp'], '.3g')}</td><td>{_fmt(o['max_headroom'], '.3f')}</td></tr>"
+        for o in report["outputs"])
+    data = json.dumps([{"label": f"{o['op']}/{o['impl']}/{o['output']}", "dtype": o["dtype"], "points": o["points"],
+                        "headroom": o["max_headroom"] if math.isfinite(o["max_headroom"]) else 1e9}
+                       for o in report["outputs"]])
+    m = report["meta"]
+    return _HTML.replace("{{TITLE}}", esc(f"Tolerance report: {m.get('backend')}, {m.get('device')}")) \
+        .replace("{{META}}", esc(json.dumps(m))).replace("{{ROWS}}", rows).replace("{{DATA}}", data) \
+        .replace("{{SKIPPED}}", "".join(f"<li><code>{esc(s['test'])}</code> {esc(s['outcome'])}: {esc(s['reason'])}</li>"
+                                        for s in report["skipped"]))
+
+
+def write(folder: Path, report: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.json").write_text(json.dumps(report, indent=1))
+    (folder / "report.md").write_text(markdown(report))
+    (folder / "report.html").write_text(html_page(report))
+
+
+def clear_parts(folder: Path) -> None:
+    parts = folder / "parts"
+    if parts.is_dir():
+        for p in parts.glob("*.json"):
+            os.unlink(p)
+
+
+_HTML = """<!doctype html><html><head><meta charset="utf-8"><title>{{TITLE}}</title>
+<style>body{font:14px system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:nth-child(-n+4){text-align:left}
+canvas{border:1px solid #ddd;margin:8px 16px 8px 0}.legend span{margin-right:14px}</style></head><body>
+<h1>{{TITLE}}</h1><p><small>{{META}}</small></p>
+<h2>Headroom per output (largest error / allowed; 1 fails)</h2><canvas id="bars" width="900" height="320"></canvas>
+<h2>Relative error against problem size, per dtype</h2><div id="scatter"></div>
+<h2>All outputs</h2><table><tr><th>op</th><th>impl</th><th>dtype</th><th>output</th><th>examples</th>
+<th>max abs</th><th>max rel</th><th>max ULP</th><th>headroom</th></tr>{{ROWS}}</table>
+<h2>Skipped and expected failures</h2><ul>{{SKIPPED}}</ul>
+<script>
+const data = {{DATA}};
+const colors = {float32:"#1f77b4", float16:"#d62728", bfloat16:"#2ca02c"};
+function log10(v){return Math.log(v)/Math.LN10}
+(function bars(){
+  const c=document.getElementById("bars"), g=c.getContext("2d"), n=data.length; if(!n) return;
+  c.width=Math.max(900, n*22+80); const W=c.width-60, H=240, x0=50, y0=20;
+  const lo=-6, hi=1; const y=v=>y0+H-(Math.min(Math.max(log10(Math.max(v,1e-6)),lo),hi)-lo)/(hi-lo)*H;
+  g.font="10px sans-serif"; g.strokeStyle="#999";
+  for(let e=lo;e<=hi;e++){g.fillText("1e"+e,4,y(Math.pow(10,e))+3); g.beginPath(); g.moveTo(x0,y(Math.pow(10,e))); g.lineTo(x0+W,y(Math.pow(10,e))); g.stroke();}
+  g.strokeStyle="#000"; g.beginPath(); g.moveTo(x0,y(1)); g.lineTo(x0+W,y(1)); g.stroke();
+  const bw=W/n;
+  data.forEach((d,i)=>{g.fillStyle=d.headroom>1?"#000":colors[d.dtype]||"#888"; const top=y(d.headroom);
+    g.fillRect(x0+i*bw+2, top, bw-4, y0+H-top);
+    g.save(); g.translate(x0+i*bw+bw/2, y0+H+6); g.rotate(Math.PI/3); g.fillStyle="#333"; g.fillText(d.label+" "+d.dtype,0,0); g.restore();});
+})();
+(function scatter(){
+  const host=document.getElementById("scatter");
+  const dtypes=[...new Set(data.map(d=>d.dtype))];
+  dtypes.forEach(dt=>{
+    const c=document.createElement("canvas"); c.width=420; c.height=300; host.appendChild(c);
+    const g=c.getContext("2d"); const pts=[];
+    data.filter(d=>d.dtype===dt).forEach(d=>d.points.forEach(p=>{if(p[1]>0&&isFinite(p[1])) pts.push([p[0],p[1]])}));
+    const x0=50,y0=20,W=350,H=230;
+    g.font="11px sans-serif"; g.fillText(dt+": max relative error vs elements", x0, 12);
+    if(!pts.length){g.fillText("no nonzero errors", x0+20, y0+40); return;}
+    const xs=pts.map(p=>log10(p[0])), ys=pts.map(p=>log10(p[1]));
+    const xl=Math.floor(Math.min(...xs)), xh=Math.ceil(Math.max(...xs))||1, yl=Math.floor(Math.min(...ys)), yh=Math.ceil(Math.max(...ys));
+    const X=v=>x0+(v-xl)/Math.max(xh-xl,1)*W, Y=v=>y0+H-(v-yl)/Math.max(yh-yl,1)*H;
+    g.strokeStyle="#999"; g.strokeRect(x0,y0,W,H);
+    for(let e=yl;e<=yh;e++) g.fillText("1e"+e,8,Y(e)+4);
+    for(let e=xl;e<=xh;e++) g.fillText("1e"+e,X(e)-10,y0+H+14);
+    g.fillStyle=colors[dt]||"#888";
+    pts.forEach((p,i)=>{g.beginPath(); g.arc(X(xs[i]),Y(ys[i]),2.5,0,7); g.fill();});
+  });
+})();
+</script></body></html>
+"""

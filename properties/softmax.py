@@ -1,0 +1,213 @@
+"""softmax(x, temperature): strategy, tolerance binding and properties."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from properties import backend, tolerance
+from properties.config import CONFIG
+from properties.generic import generic_checks, precision, run
+from properties.oracle import assert_close, assert_identical, to_numpy
+from properties.registry import Check, Implementation, OpSpec, register
+from properties.strategies import FAMILIES, Case, TensorSpec, sizes, special_values, tensors
+from references import softmax as ref
+
+TEMPERATURES = (1.0, 0.5, 2.0, 0.1, 7.3)
+BLOCKS = (1024, 8192)  # the project kernel's single-block limits (interpreter, GPU)
+
+
+@st.composite
+def softmax_cases(draw, dtype: torch.dtype) -> Case:
+    """Rows of any length (past one block included) under up to two leading dims."""
+    n = draw(sizes(1, CONFIG.pick(2100, 2**17 + 3), blocks=BLOCKS))
+    max_rows = max(1, min(CONFIG.pick(12, 4096), CONFIG.pick(2**14, 2**22) // n))
+    lead = tuple(draw(st.lists(sizes(1, max_rows), max_size=2).filter(lambda d: math.prod(d) <= max_rows)))
+    temperature = draw(st.sampled_from(TEMPERATURES))
+    # Keep x / T finite in fp32: an fp32 input near its max divided by T < 1 overflows
+    # in any fp32 implementation, which the contract cannot mean.
+    cap = float(torch.finfo(torch.float32).max) * min(temperature, 1.0) / 2
+    x = draw(tensors(lead + (n,), dtype, families=FAMILIES, max_magnitude=cap,
+                     specials=special_values(dtype, allow_neg_inf=True)))
+    return Case("softmax", str(dtype).replace("torch.", ""), ("x", "temperature"), {"x": x},
+                {"temperature": temperature})
+
+
+def softmax_tolerance(case, inputs64, expected, p):
+    return {"y": tolerance.softmax(inputs64["x"], expected["y"], case.params["temperature"], p)}
+
+
+def softmax_grad_tolerance(case, inputs64, outputs64, grads64, p):
+    return {"dx": tolerance.softmax_grad(inputs64["x"], outputs64["y"], inputs64["dy"], grads64["x"],
+                                         case.params["temperature"], p)}
+
+
+def rows_sum_to_one(case: Case, impl: Implementation) -> None:
+    """Each row with a finite entry sums to one, within the sum of its elements' allowances."""
+    values, outs = run(case, impl)
+    x = to_numpy(values["x"])
+    y = to_numpy(outs["y"])
+    ref_y = ref.softmax(x, case.params["temperature"])
+    allowed = tolerance.softmax(x, ref_y, case.params["temperature"], precision(impl, case))
+    live = np.isfinite(x).any(axis=-1)
+    sums = np.where(live, y.sum(axis=-1), 1.0)
+    assert_close("row sums of y", torch.from_numpy(sums), np.ones_like(sums),
+                 np.where(live, tolerance.row_sum(allowed), 0.0), what="rows do not sum to one",
+                 dtype=getattr(torch, case.dtype), record=False)
+
+
+def values_in_unit_interval(case: Case, impl: Implementation) -> None:
+    """Every output of a row with a finite entry is a number in [0, 1] (no NaN, no inf)."""
+    values, outs = run(case, impl)
+    x = to_numpy(values["x"])
+    y = to_numpy(outs["y"])
+    live = np.broadcast_to(np.isfinite(x).any(axis=-1, keepdims=True), y.shape)
+    bad = live & ~((y >= 0) & (y <= 1))
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(f"softmax output outside [0, 1] at {list(idx)}: {y[idx]!r} "
+                             f"({int(bad.sum())} such elements)")
+
+
+@st.composite
+def _with_neg_inf(draw, op: OpSpec, dtype: torch.dtype) -> Case:
+    case = draw(op.cases(dtype))
+    x = case.tensors["x"]
+    numel = math.prod(x.shape)
+    spots = draw(st.lists(st.integers(0, numel - 1), min_size=1, max_size=4))
+    return case.replace(tensors={"x": TensorSpec(**{**x.__dict__, "injections": x.injections + tuple(
+        (i, -math.inf) for i in spots)})})
+
+
+def neg_inf_gives_zero(case: Case, impl: Implementation) -> None:
+    """-inf entries in a row that has a finite entry give exactly 0."""
+    values, outs = run(case, impl)
+    x = to_numpy(values["x"])
+    y = to_numpy(outs["y"])
+    live = np.broadcast_to(np.isfinite(x).any(axis=-1, keepdims=True), y.shape)
+    spots = live & np.isneginf(x)
+    bad = spots & (y != 0)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(f"x{list(idx)} is -inf in a row with finite entries, but y there is {y[idx]!r}, "
+                             f"not 0 ({int(bad.sum())} of {int(spots.sum())} such entries)")
+
+
+def all_neg_inf_row_gives_nan(case: Case, impl: Implementation) -> None:
+    """A row of x that is entirely -inf gives a row of NaN (as torch.softmax); the
+    other rows are unaffected (checked against the reference)."""
+    values = case.materialise(backend.device())
+    last = tuple(s - 1 for s in values["x"].shape[:-1])
+    values["x"][last] = float("-inf")  # for 1-D x, x[()] is the whole row
+    _, outs = run(case, impl, values)
+    y = to_numpy(outs["y"])
+    if not np.isnan(y[last]).all():
+        raise AssertionError(f"the last row of x was set to -inf; y there should be all NaN, got "
+                             f"{y[last][:8]!r}{'...' if y.shape[-1] > 8 else ''}")
+
+
+def _transport(y: np.ndarray, allowed: np.ndarray, delta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """softmax(z + delta) from y = softmax(z), exactly: y e^delta / sum(y e^delta),
+    and the allowance of y carried through the same map (its own share, plus its
+    effect on the normalising sum)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        shift = np.max(np.where(y > 0, delta, -np.inf), axis=-1, keepdims=True)
+        w = np.exp(delta - np.where(np.isfinite(shift), shift, 0.0))
+        norm = np.sum(y * w, axis=-1, keepdims=True)
+        moved = y * w / norm
+        moved_allowed = allowed * w / norm + moved * np.sum(allowed * w, axis=-1, keepdims=True) / norm
+    return moved, moved_allowed
+
+
+def _metamorphic(case: Case, impl: Implementation, x_new: torch.Tensor, delta: np.ndarray,
+                 t_new: float, what: str) -> None:
+    """Compare impl(x_new, t_new) with impl's own softmax(x, T) moved by the exact
+    change ``delta`` of the scaled logits that rounding x_new into the dtype caused."""
+    values, outs = run(case, impl)
+    x = to_numpy(values["x"])
+    t = case.params["temperature"]
+    y1 = to_numpy(outs["y"])
+    _, outs2 = run(case, impl, {"x": x_new, "temperature": t_new})
+    p = precision(impl, case)
+    x2 = to_numpy(x_new)
+    moved, moved_allowed = _transport(y1, tolerance.softmax(x, ref.softmax(x, t), t, p),
+                                      np.where(np.isfinite(delta), delta, 0.0))
+    allowed = moved_allowed + tolerance.softmax(x2, ref.softmax(x2, t_new), t_new, p)
+    live = np.isfinite(x).any(axis=-1, keepdims=True)
+    assert_close("y", outs2["y"], np.where(live, moved, np.nan), allowed, what=what, record=False)
+
+
+_SHIFTS = (1.0, 3.0, -64.0, 1000.0, -3e4)
+
+
+def shift_invariant(case: Case, impl: Implementation) -> None:
+    """softmax(x + c) equals softmax(x) for a per-row constant c: the kernel's own
+    outputs are compared, corrected exactly for the rounding of x + c to the dtype."""
+    values = case.materialise(backend.device())
+    x = values["x"]
+    c = _SHIFTS[case.tensors["x"].seed % len(_SHIFTS)]
+    dtype = x.dtype
+    x64 = to_numpy(x)
+    shifted = torch.from_numpy(x64 + c).to(dtype)
+    if not torch.isfinite(shifted[torch.isfinite(x)]).all():
+        return  # x + c overflows the dtype: no such input exists
+    x_new = case.tensors["x"].layout.apply(shifted.to(x.device)) if case.tensors["x"].layout else shifted.to(x.device)
+    delta = (to_numpy(x_new) - (x64 + c)) / case.params["temperature"]
+    _metamorphic(case, impl, x_new, delta, case.params["temperature"], f"softmax(x + {c:g}) != softmax(x)")
+
+
+def temperature_equivalent(case: Case, impl: Implementation) -> None:
+    """softmax(x, T) equals softmax(x / T, 1), corrected exactly for the rounding of
+    x / T to the dtype."""
+    values = case.materialise(backend.device())
+    x = values["x"]
+    t = case.params["temperature"]
+    x64 = to_numpy(x)
+    scaled = torch.from_numpy(x64 / t).to(x.dtype)
+    if not torch.isfinite(scaled[torch.isfinite(x)]).all():
+        return
+    delta = to_numpy(scaled) - x64 / t
+    _metamorphic(case, impl, scaled.to(x.device), delta, 1.0, f"softmax(x / {t:g}, 1) != softmax(x, {t:g})")
+
+
+def rows_independent(case: Case, impl: Implementation) -> None:
+    """Row r's output does not change, bit for bit, when every other row changes."""
+    spec = case.tensors["x"]
+    if math.prod(spec.shape[:-1]) < 2:
+        return
+    values, outs = run(case, impl)
+    x = values["x"]
+    other = TensorSpec(**{**spec.__dict__, "seed": (spec.seed + 1) % 2**32, "injections": ()}).materialise(x.device)
+    r = tuple(s // 2 for s in spec.shape[:-1])
+    other[r] = x[r]
+    _, outs2 = run(case, impl, {"x": other, "temperature": case.params["temperature"]})
+    assert_identical("y", outs["y"][r], outs2["y"][r],
+                     f"row {list(r)} of y changed when the other rows of x changed")
+
+
+register(OpSpec(
+    name="softmax",
+    signature="softmax(x, temperature=1.0) -> y",
+    arguments=("x", "temperature"),
+    outputs=("y",),
+    kernel="kernels.softmax:softmax",
+    reference=ref.softmax,
+    torch_reference=ref.softmax_torch,
+    cases=softmax_cases,
+    tolerance=softmax_tolerance,
+    grad_tolerance=softmax_grad_tolerance,
+    grad_inputs=("x",),
+    grad_outputs=("y",),
+    output_shapes=lambda case: {"y": case.tensors["x"].shape},
+    checks=generic_checks(grad=True) + (
+        Check("rows_sum_to_one", rows_sum_to_one),
+        Check("values_in_unit_interval", values_in_unit_interval),
+        Check("neg_inf_gives_zero", neg_inf_gives_zero, cases=_with_neg_inf),
+        Check("all_neg_inf_row_gives_nan", all_neg_inf_row_gives_nan),
+        Check("shift_invariant", shift_invariant),
+        Check("temperature_equivalent", temperature_equivalent),
+        Check("rows_independent", rows_independent),
+    ),
+))

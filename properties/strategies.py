@@ -1,0 +1,348 @@
+"""Hypothesis strategies for the *structure* of a test case.
+
+A strategy here draws a description (:class:`TensorSpec`, :class:`Case`), never the
+bulk values: those come from a seeded NumPy generator when the case is
+materialised. Drawing stays cheap whatever the tensor size, a case prints and
+replays from a few numbers, and everything that matters still shrinks: sizes toward
+1, layouts toward contiguous, value families toward plain normal, scales toward 1,
+injected special values toward none, seeds toward 0.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# Value families, most benign first (Hypothesis shrinks a sampled_from toward the
+# first element). What each draws, for a dtype with largest finite value `max`:
+FAMILIES = (
+    "normal",  # standard normal times `scale`
+    "near_max",  # |v| in [max/2, max] (or the op's max_magnitude), random signs
+    "tiny",  # |v| around the smallest normal, down into the subnormals
+    "constant",  # every element equal
+    "outlier",  # normal, plus one element 1e3 times larger (clipped to the range)
+    "offset",  # a large common offset (1e4) plus normal noise: cancellation
+    "neg_inf_mask",  # normal with about 30% of entries -inf (masking)
+)
+SCALES = (1.0, 1e-3, 1e-1, 10.0, 1e3)
+GARBAGE = float("nan")  # fills the gaps of strided layouts: any read of a gap shows
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}; use float32, float16 or bfloat16")
+    return dtype
+
+
+# ----------------------------------------------------------------------------- sizes
+
+def interesting_sizes(min_size: int, max_size: int, blocks: Sequence[int] = ()) -> list[int]:
+    """Sizes where kernels break: 1, small primes, powers of two and their
+    neighbours, and the sizes just around each block size."""
+    picks = {1, 2, 3, 5, 7, 13, 31, 61, 127, 257, 509, 1021, 4099, 65537}
+    k = 1
+    while k <= 2 * max_size:
+        picks.update({k - 1, k, k + 1})
+        k *= 2
+    for b in blocks:
+        picks.update({b - 1, b, b + 1, 2 * b + 1})
+    return sorted(s for s in picks if min_size <= s <= max_size)
+
+
+def sizes(min_size: int = 1, max_size: int = 1024, *, blocks: Sequence[int] = ()) -> st.SearchStrategy[int]:
+    """A size in ``[min_size, max_size]``: half the draws from :func:`interesting_sizes`,
+    half uniform; shrinks toward ``min_size``."""
+    if not 1 <= min_size <= max_size:
+        raise ValueError(f"sizes: need 1 <= min_size <= max_size, got min_size={min_size}, max_size={max_size}")
+    picks = interesting_sizes(min_size, max_size, blocks)
+    return st.one_of(st.integers(min_size, max_size), st.sampled_from(picks))
+
+
+# ---------------------------------------------------------------------------- layouts
+
+@dataclass(frozen=True)
+class Layout:
+    """How a logical tensor sits in memory.
+
+    ``order`` lists the logical dims from outermost to innermost in memory (the
+    identity is row-major); ``step`` > 1 leaves gaps between consecutive elements of
+    logical dim ``step_dim`` (a ``[..., ::step]`` slice); ``offset`` is the storage
+    offset. The gaps and the offset hold NaN, so a kernel that reads them shows it.
+    """
+
+    order: tuple[int, ...]
+    step_dim: int = 0
+    step: int = 1
+    offset: int = 0
+
+    @property
+    def contiguous(self) -> bool:
+        return self.order == tuple(range(len(self.order))) and self.step == 1 and self.offset == 0
+
+    def apply(self, values: torch.Tensor) -> torch.Tensor:
+        """A tensor equal to ``values`` laid out as described."""
+        if self.contiguous:
+            return values.clone()
+        shape = values.shape
+        physical = [shape[d] for d in self.order]
+        inner = self.order.index(self.step_dim)
+        alloc = list(physical)
+        alloc[inner] *= self.step
+        count = math.prod(alloc)
+        buf = torch.full((self.offset + count,), GARBAGE, dtype=values.dtype, device=values.device)
+        view = buf[self.offset:].view(alloc)
+        index = [slice(None)] * len(alloc)
+        index[inner] = slice(None, None, self.step)
+        view = view[tuple(index)]
+        inverse = [self.order.index(d) for d in range(len(self.order))]
+        logical = view.permute(inverse)
+        logical.copy_(values)
+        return logical
+
+    def describe(self) -> str:
+        if self.contiguous:
+            return "contiguous"
+        parts = []
+        if self.order != tuple(range(len(self.order))):
+            parts.append(f"dims ordered {list(self.order)} in memory")
+        if self.step > 1:
+            parts.append(f"dim {self.step_dim} sliced ::{self.step}")
+        if self.offset:
+            parts.append(f"storage offset {self.offset}")
+        return ", ".join(parts)
+
+
+@st.composite
+def layouts(draw, rank: int, *, allow_permute: bool = True, allow_step: bool = True,
+            allow_offset: bool = True, keep_last: bool = False) -> Layout:
+    """Layouts for a rank-``rank`` tensor: contiguous, permuted (transposed views,
+    ``[B, N, H, D]`` seen as ``[B, H, N, D]``), step-sliced, storage offset.
+    ``keep_last`` keeps the last logical dim innermost (for ops that may assume it)."""
+    identity = tuple(range(rank))
+    order = identity
+    if allow_permute and rank > 1:
+        if keep_last:
+            head = draw(st.one_of(st.just(identity[:-1]), st.permutations(identity[:-1])))
+            order = tuple(head) + (rank - 1,)
+        else:
+            order = tuple(draw(st.one_of(st.just(identity), st.permutations(identity))))
+    step_dim, step = 0, 1
+    if allow_step:
+        step = draw(st.sampled_from((1, 2, 3)))
+        if step > 1:
+            step_dim = draw(st.integers(0, rank - 1))
+    offset = draw(st.sampled_from((0, 1, 7, 33))) if allow_offset else 0
+    return Layout(order=order, step_dim=step_dim, step=step, offset=offset)
+
+
+# ---------------------------------------------------------------------------- tensors
+
+def finite_max(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).max)
+
+
+def _family_values(rng: np.random.Generator, shape: tuple[int, ...], family: str, scale: float,
+                   dtype: torch.dtype, max_magnitude: float | None) -> np.ndarray:
+    cap = min(finite_max(dtype), max_magnitude or math.inf)
+    if family == "normal":
+        v = rng.standard_normal(shape) * scale
+    elif family == "near_max":
+        v = rng.uniform(0.5, 1.0, shape) * cap * rng.choice((-1.0, 1.0), shape)
+    elif family == "tiny":
+        tiny = float(torch.finfo(dtype).tiny)
+        v = tiny * np.exp2(rng.uniform(-12, 4, shape)) * rng.choice((-1.0, 1.0), shape)
+    elif family == "constant":
+        v = np.full(shape, rng.standard_normal() * scale)
+    elif family == "outlier":
+        v = rng.standard_normal(shape) * scale
+        flat = v.reshape(-1)
+        flat[rng.integers(flat.size)] = rng.choice((-1.0, 1.0)) * scale * 1e3
+    elif family == "offset":
+        v = rng.choice((-1.0, 1.0)) * 1e4 + rng.standard_normal(shape) * scale
+    elif family == "neg_inf_mask":
+        v = rng.standard_normal(shape) * scale
+        v[rng.random(shape) < 0.3] = -np.inf
+    elif family == "indices":
+        v = rng.integers(0, int(scale), shape).astype(np.float64)
+    else:
+        raise ValueError(f"unknown value family {family!r}; known: {', '.join(FAMILIES)}")
+    return np.clip(v, -cap, cap, where=np.isfinite(v), out=v)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Everything needed to rebuild one input tensor bit for bit."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    family: str = "normal"
+    scale: float = 1.0
+    seed: int = 0
+    layout: Layout | None = None
+    injections: tuple[tuple[int, float], ...] = ()
+    max_magnitude: float | None = None
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return dtype_from_name(self.dtype)
+
+    def materialise(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        rng = np.random.default_rng(self.seed)
+        dtype = self.torch_dtype
+        if dtype.is_floating_point:
+            values = _family_values(rng, self.shape, self.family, self.scale, dtype, self.max_magnitude)
+        else:
+            values = rng.integers(0, int(self.scale), self.shape)
+        t = torch.from_numpy(values).to(dtype)
+        flat = t.view(-1)
+        for index, value in self.injections:
+            flat[index % flat.numel()] = value
+        t = t.to(device)
+        return (self.layout or Layout(tuple(range(len(self.shape))))).apply(t)
+
+    def describe(self) -> str:
+        scale = f" scale={self.scale:g}" if self.family not in ("near_max", "tiny", "indices") else ""
+        if self.family == "indices":
+            scale = f" in [0, {int(self.scale)})"
+        text = f"shape {list(self.shape)} {self.dtype}, {self.family}{scale}, seed {self.seed}"
+        if self.layout is not None and not self.layout.contiguous:
+            text += f", {self.layout.describe()}"
+        if self.injections:
+            text += ", injected " + ", ".join(f"[{i}]={v:g}" for i, v in self.injections)
+        return text
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["injections"] = [[i, _json_float(v)] for i, v in self.injections]
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "TensorSpec":
+        d = dict(d)
+        d["shape"] = tuple(d["shape"])
+        if d.get("layout") is not None:
+            lay = dict(d["layout"])
+            lay["order"] = tuple(lay["order"])
+            d["layout"] = Layout(**lay)
+        d["injections"] = tuple((int(i), float(v)) for i, v in d.get("injections", ()))
+        return cls(**d)
+
+
+def _json_float(v: float):
+    return v if math.isfinite(v) else repr(v)  # 'inf', '-inf', 'nan' parse back with float()
+
+
+def special_values(dtype: torch.dtype, *, allow_nan: bool = False, allow_inf: bool = False,
+                   allow_neg_inf: bool = False, allow_subnormal: bool = True) -> list[float]:
+    """Values worth injecting at single positions, most benign first."""
+    info = torch.finfo(dtype)
+    vals = [0.0, -0.0, 1.0, float(info.max), -float(info.max), float(info.tiny)]
+    if allow_subnormal:
+        vals.append(float(info.tiny) * float(info.eps))
+    if allow_neg_inf or allow_inf:
+        vals.append(-math.inf)
+    if allow_inf:
+        vals.append(math.inf)
+    if allow_nan:
+        vals.append(math.nan)
+    return vals
+
+
+@st.composite
+def tensors(draw, shape: tuple[int, ...], dtype: torch.dtype, *,
+            families: Sequence[str] = ("normal",), scales: Sequence[float] = SCALES,
+            specials: Sequence[float] = (), max_injections: int = 2,
+            max_magnitude: float | None = None, layout: bool = True,
+            keep_last: bool = False) -> TensorSpec:
+    """A :class:`TensorSpec` of the given shape and dtype.
+
+    ``families`` and ``specials`` are what the op's contract allows (an op whose
+    contract says nothing about -inf should not be fed -inf); ``max_magnitude`` caps
+    ``near_max`` and clipping for ops whose fp32 intermediates would overflow on
+    legitimate inputs of the dtype's full range.
+    """
+    bad = [f for f in families if f not in FAMILIES]
+    if bad:
+        raise ValueError(f"tensors: unknown families {bad}; known: {', '.join(FAMILIES)}")
+    family = draw(st.sampled_from(tuple(families)))
+    scale = draw(st.sampled_from(tuple(scales))) if family not in ("near_max", "tiny") else 1.0
+    seed = draw(st.integers(0, 2**32 - 1))
+    lay = draw(layouts(len(shape), keep_last=keep_last)) if layout else None
+    injections: tuple = ()
+    numel = math.prod(shape)
+    if specials and max_injections:
+        injections = tuple(draw(st.lists(
+            st.tuples(st.integers(0, max(numel - 1, 0)), st.sampled_from(tuple(specials))),
+            max_size=max_injections,
+        )))
+    return TensorSpec(shape=tuple(shape), dtype=_dtype_name(dtype), family=family, scale=scale,
+                      seed=seed, layout=lay, injections=injections, max_magnitude=max_magnitude)
+
+
+# ------------------------------------------------------------------------------ cases
+
+@dataclass(frozen=True, repr=False)
+class Case:
+    """One call of an op: the tensors (in contract argument order) and the scalars.
+
+    ``args`` names the positional arguments in the contract's order; each is a key
+    of ``tensors`` or of ``params``. ``kwargs`` are extra keyword arguments beyond
+    the contract (e.g. a kernel's ``chunk_size``) and are passed only when present.
+    """
+
+    op: str
+    dtype: str
+    args: tuple[str, ...]
+    tensors: Mapping[str, TensorSpec]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def replace(self, *, tensors: Mapping[str, TensorSpec] | None = None, **changes) -> "Case":
+        params = {**self.params, **{k: v for k, v in changes.items() if k in self.params}}
+        kwargs = {**self.kwargs, **{k: v for k, v in changes.items() if k not in self.params}}
+        return Case(self.op, self.dtype, self.args, {**self.tensors, **(tensors or {})}, params, kwargs)
+
+    def materialise(self, device: torch.device | str = "cpu") -> dict[str, Any]:
+        """Every argument by name: tensors built on ``device``, scalars as they are."""
+        values: dict[str, Any] = {name: spec.materialise(device) for name, spec in self.tensors.items()}
+        values.update(self.params)
+        return values
+
+    def call(self, fn: Callable, values: Mapping[str, Any]):
+        return fn(*(values[a] for a in self.args), **self.kwargs)
+
+    def describe(self) -> str:
+        scalars = ", ".join(f"{k}={v!r}" for k, v in {**self.params, **self.kwargs}.items())
+        head = f"{self.op}({', '.join(self.args)}) in {self.dtype}" + (f" with {scalars}" if scalars else "")
+        lines = [head] + [f"  {name}: {spec.describe()}" for name, spec in self.tensors.items()]
+        return "\n".join(lines)
+
+    __repr__ = describe
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "dtype": self.dtype, "args": list(self.args),
+                "tensors": {k: v.to_json() for k, v in self.tensors.items()},
+                "params": {k: _json_float(v) if isinstance(v, float) else v for k, v in self.params.items()},
+                "kwargs": dict(self.kwargs)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Case":
+        params = {k: float(v) if isinstance(v, str) else v for k, v in d.get("params", {}).items()}
+        return cls(op=d["op"], dtype=d["dtype"], args=tuple(d["args"]),
+                   tensors={k: TensorSpec.from_json(v) for k, v in d["tensors"].items()},
+                   params=params, kwargs=dict(d.get("kwargs", {})))
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1)
