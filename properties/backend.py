@@ -54,8 +54,13 @@ class BackendLimit:
     dtype: torch.dtype
     ops: tuple[str, ...]
     reason: str
+    # An implementation that sets this attribute to True on its function declares it
+    # avoids the limitation (e.g. it upcasts bf16 before tl.dot).
+    waived_by: str | None = None
 
-    def applies(self, backend: str, op: str, dtype: torch.dtype) -> bool:
+    def applies(self, backend: str, op: str, dtype: torch.dtype, fn=None) -> bool:
+        if self.waived_by and getattr(fn, self.waived_by, False):
+            return False
         return backend == self.backend and dtype == self.dtype and op in self.ops
 
 
@@ -67,13 +72,14 @@ KNOWN_LIMITS: tuple[BackendLimit, ...] = (
         ("attention", "linear_attention"),
         "the Triton interpreter holds bfloat16 as 16-bit integers, so tl.dot on bf16 "
         "operands returns garbage (triton#11584, #10919); bf16 dot kernels are checked on the GPU",
+        waived_by="bf16_dot_upcast",
     ),
 )
 
 
-def limit_for(op: str, dtype: torch.dtype, backend: str | None = None) -> BackendLimit | None:
+def limit_for(op: str, dtype: torch.dtype, fn=None, backend: str | None = None) -> BackendLimit | None:
     backend = backend or current()
     for limit in KNOWN_LIMITS:
-        if limit.applies(backend, op, dtype):
+        if limit.applies(backend, op, dtype, fn):
             return limit
     return None

@@ -54,7 +54,7 @@ class Target:
         return self.op.cases(self.dtype)
 
     def skip_reason(self) -> str | None:
-        limit = backend.limit_for(self.op.name, self.dtype)
+        limit = backend.limit_for(self.op.name, self.dtype, self.impl.fn)
         if limit is not None:
             return f"{backend.current()}: {limit.reason}"
         reason = self.impl.unsupported(self.dtype)

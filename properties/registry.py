@@ -24,7 +24,9 @@ from hypothesis import strategies as st
 
 from properties.strategies import FLOAT_DTYPES, Case
 
-FAMILIES = ("softmax",)
+# Each family module registers its ops on import. The meta-tests check that every
+# op of shared/ops-contract.md ends up registered.
+FAMILIES = ("softmax", "attention", "norms", "linear_attention", "losses", "elementwise")
 
 
 class NotApplicable(Exception):
@@ -177,7 +179,13 @@ def register(spec: OpSpec) -> OpSpec:
 def load() -> dict[str, OpSpec]:
     """Import every family module (which registers its ops)."""
     for family in FAMILIES:
-        importlib.import_module(f"properties.{family}")
+        try:
+            importlib.import_module(f"properties.{family}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"properties.{family}":
+                raise
+            # A family not written yet; tests/test_registry.py fails until every
+            # contract op is registered, so this cannot hide a missing op on main.
     return OPS
 
 

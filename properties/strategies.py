@@ -245,10 +245,13 @@ def _json_float(v: float):
 
 
 def special_values(dtype: torch.dtype, *, allow_nan: bool = False, allow_inf: bool = False,
-                   allow_neg_inf: bool = False, allow_subnormal: bool = True) -> list[float]:
-    """Values worth injecting at single positions, most benign first."""
+                   allow_neg_inf: bool = False, allow_subnormal: bool = True,
+                   max_magnitude: float | None = None) -> list[float]:
+    """Values worth injecting at single positions, most benign first; the largest
+    finite value is the dtype's, or ``max_magnitude`` where the op's domain is smaller."""
     info = torch.finfo(dtype)
-    vals = [0.0, -0.0, 1.0, float(info.max), -float(info.max), float(info.tiny)]
+    big = float(torch.tensor(min(float(info.max), max_magnitude or math.inf)).to(dtype))
+    vals = [0.0, -0.0, 1.0, big, -big, float(info.tiny)]
     if allow_subnormal:
         vals.append(float(info.tiny) * float(info.eps))
     if allow_neg_inf or allow_inf:

@@ -1,0 +1,98 @@
+"""Planted bugs in kernels/softmax.py (see mutants/__init__.py for how they are made)."""
+from kernels import softmax as kernel
+from mutants import mutant
+
+padded_lanes_zero = mutant(
+    "softmax", kernel,
+    [('z = tl.load(x_row + cols * stride_xc, mask=mask, other=float("-inf"))',
+      'z = tl.load(x_row + cols * stride_xc, mask=mask, other=0.0)')],
+    name="padded_lanes_zero",
+    bug="Lanes past the row end load 0 instead of -inf, so each adds exp(0 - m) to the sum. "
+        "Class: wrong identity for a masked reduction (the seed attention kernel's bug). "
+        "Trigger: a row length that is not a power of two (single-block path).",
+    kills=("matches_reference", "rows_sum_to_one"),
+)
+
+no_max_subtraction = mutant(
+    "softmax", kernel,
+    [("e = tl.exp(z - m)\n        s = tl.sum(e, axis=0)", "e = tl.exp(z)\n        s = tl.sum(e, axis=0)")],
+    name="no_max_subtraction",
+    bug="exp(z) instead of exp(z - max z): overflows to inf (then inf / inf = NaN) once a "
+        "scaled logit exceeds ~88. Class: unstable softmax. Trigger: large logits or small T.",
+    kills=("matches_reference", "rows_sum_to_one", "values_in_unit_interval", "shift_invariant"),
+)
+
+temperature_multiplied = mutant(
+    "softmax", kernel,
+    [('mask=mask, other=float("-inf")).to(tl.float32) / temperature\n        m = tl.max(z, axis=0)',
+      'mask=mask, other=float("-inf")).to(tl.float32) * temperature\n        m = tl.max(z, axis=0)')],
+    name="temperature_multiplied",
+    bug="x * T instead of x / T in the single-block path. Class: inverted scale parameter. "
+        "Trigger: any T != 1 on a row that fits one block.",
+    kills=("matches_reference", "temperature_equivalent"),
+)
+
+masked_lane_nan = mutant(
+    "softmax", kernel,
+    [('m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)', "m_ref = m_new")],
+    name="masked_lane_nan",
+    bug="The online pass rescales a lane that has seen only -inf by exp(-inf - -inf) = NaN, "
+        "which poisons the row sum. Class: missing guard in online softmax. Trigger: -inf "
+        "entries in a row longer than one block.",
+    kills=("matches_reference", "neg_inf_gives_zero"),
+)
+
+row_stride_assumed = mutant(
+    "softmax", kernel,
+    [("x_row = X + row * stride_xr", "x_row = X + row * N * stride_xc")],
+    name="row_stride_assumed",
+    bug="The row start is computed as row * N * column stride, as if rows were packed. "
+        "Class: strides assumed contiguous. Trigger: a view whose rows are not packed "
+        "(step-sliced or transposed leading dims).",
+    kills=("matches_reference", "rows_independent"),
+)
+
+backward_missing_inner = mutant(
+    "softmax", kernel,
+    [("(y * (dy - total) / temperature)", "(y * dy / temperature)")],
+    name="backward_missing_inner",
+    bug="dx = y * dy / T, without the - <dy, y> term of the softmax Jacobian. Class: "
+        "incomplete hand-written backward. Trigger: any upstream gradient that is not "
+        "orthogonal to y.",
+    kills=("gradients_match_reference",),
+)
+
+block_flips_per_call = mutant(
+    "softmax", kernel,
+    [("    block = min(triton.next_power_of_2(n), _max_block())\n    _softmax_fwd_kernel",
+      "    _CALLS.append(1)\n    block = min(triton.next_power_of_2(n), _max_block())\n"
+      "    block = block if len(_CALLS) % 2 else max(block // 4, 1)\n    _softmax_fwd_kernel"),
+     ("DTYPES = (torch.float32", "_CALLS = []\nDTYPES = (torch.float32")],
+    name="block_flips_per_call",
+    bug="Every other call runs with a quarter of the block size, so the reduction order "
+        "(and the rounding) changes between calls. Class: a tuner or cache that picks a "
+        "different config per call. Trigger: a row long enough that the order matters.",
+    kills=("deterministic",),
+)
+
+writes_into_input = mutant(
+    "softmax", kernel,
+    [("    y = torch.empty((rows, n), dtype=x2.dtype, device=x2.device)",
+      "    y = x2 if x2.is_contiguous() else torch.empty((rows, n), dtype=x2.dtype, device=x2.device)")],
+    name="writes_into_input",
+    bug="The output is written over the input when the input is contiguous. Class: an "
+        "in-place shortcut that breaks the contract (inputs are never modified). Trigger: "
+        "any contiguous x.",
+    kills=("inputs_unchanged",),
+)
+
+masked_row_zero = mutant(
+    "softmax", kernel,
+    [("        e = tl.exp(z - m)\n        s = tl.sum(e, axis=0)\n        tl.store(y_row + cols, (e / s)",
+      "        e = tl.exp(z - tl.where(m == float('-inf'), 0.0, m))\n        s = tl.sum(e, axis=0)\n"
+      "        tl.store(y_row + cols, tl.where(s > 0, e / s, 0.0)")],
+    name="masked_row_zero",
+    bug="A row that is entirely -inf gives zeros instead of NaN ('safe softmax'). Class: a "
+        "silent convention change that hides fully-masked rows. Trigger: an all -inf row.",
+    kills=("all_neg_inf_row_gives_nan",),
+)
