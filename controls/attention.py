@@ -1,0 +1,46 @@
+"""Plain PyTorch attention in the input dtype, as a user would write it (the suite must pass them).
+
+Both return ``(o, lse)`` per the contract, differentiable in q, k, v through o.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def _scale(sm_scale, head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+
+
+def _masked_scores(q, k, causal: bool, scale: float, dtype: torch.dtype):
+    s = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) * scale
+    if causal:
+        future = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device).triu(1)
+        s = s.masked_fill(future, float("-inf"))
+    return s
+
+
+def sdpa(q, k, v, causal=False, sm_scale=None):
+    """``F.scaled_dot_product_attention`` in the input dtype.
+
+    SDPA does not return its logsumexp, so ``lse`` is computed separately, in float32,
+    as ``torch.logsumexp`` of the scaled, masked float32 scores. On CPU, SDPA's fp16 and
+    bf16 paths are whatever PyTorch's CPU backend does (the math or flash-CPU kernel,
+    which may accumulate in fp32); it stays a fair "plain PyTorch" yardstick either way.
+    """
+    scale = _scale(sm_scale, q.shape[-1])
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale)
+    lse = torch.logsumexp(_masked_scores(q, k, causal, scale, torch.float32), dim=-1)
+    return o, lse
+
+
+def naive_torch(q, k, v, causal=False, sm_scale=None):
+    """Matmul, mask, softmax, matmul, all in the input dtype; ``lse`` from fp32 scores."""
+    scale = _scale(sm_scale, q.shape[-1])
+    s = _masked_scores(q, k, causal, scale, q.dtype)
+    p = torch.softmax(s, dim=-1)
+    o = p @ v
+    lse = torch.logsumexp(s.float(), dim=-1)
+    return o, lse

@@ -1,0 +1,40 @@
+"""Plain-PyTorch linear attention and feature map, computed in the input dtype as a user would.
+
+These are controls: correct implementations the suite must pass, and the yardstick
+for "how far from fp64 is a plain PyTorch version in the same dtype".
+
+Caveat for fp16: the causal control keeps the running state ``S_i = sum_{j<=i} k_j v_j^T``
+and ``z_i`` in fp16 (as a user's ``torch.cumsum`` on fp16 tensors does). Both grow
+linearly with N: with features of order 1-10 and values of order 1, they pass fp16's
+maximum (65504) after a few thousand tokens, and the output becomes inf/NaN; long
+before that, a prefix sum of magnitude M holds each new term only to M * 2**-11. So
+fp16 causal (and, for large N or large features, bidirectional: ``K^T V`` and ``sum k``
+are fp16 too) is hopeless for long sequences; bf16 does not overflow but loses
+precision the same way (2**-8). The Triton kernel keeps S and z in fp32 and does not
+have this problem.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def torch_elu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """``elu(x) + 1`` in ``x``'s dtype."""
+    return F.elu(x) + 1
+
+
+def torch_linear_attention(q, k, v, causal=False, eps=1e-6):
+    """Linear attention with einsum (bidirectional) or cumsum (causal), in the input dtype."""
+    if causal:
+        kv = torch.einsum("bhnd,bhne->bhnde", k, v)
+        S = torch.cumsum(kv, dim=2)  # [B, H, N, D, Dv], input dtype
+        z = torch.cumsum(k, dim=2)
+        num = torch.einsum("bhnd,bhnde->bhne", q, S)
+        den = torch.einsum("bhnd,bhnd->bhn", q, z) + eps
+    else:
+        S = torch.einsum("bhnd,bhne->bhde", k, v)
+        z = k.sum(dim=2)
+        num = torch.einsum("bhnd,bhde->bhne", q, S)
+        den = torch.einsum("bhnd,bhd->bhn", q, z) + eps
+    return num / den.unsqueeze(-1)

@@ -1,0 +1,633 @@
+"""Flash attention (forward and backward) in Triton.
+
+Contract (shared/ops-contract.md)::
+
+    attention(q, k, v, causal=False, sm_scale=None) -> (o, lse)
+
+    q [B, H, Nq, D], k and v [B, H, Nk, D]           (v has the same D as q)
+    s[i, j] = sm_scale * <q_i, k_j>                   sm_scale defaults to 1/sqrt(D)
+    s[i, j] = -inf  where causal and j > i             (causal requires Nq == Nk)
+    lse[i]  = log(sum_j exp(s[i, j]))                  float32, natural log, [B, H, Nq]
+    o[i]    = sum_j exp(s[i, j] - lse[i]) v_j          input dtype, [B, H, Nq, D]
+
+Forward (FlashAttention-2 style): one program per (query block, batch*head). It walks
+the key blocks once, keeping per query row a running max ``m`` and a running sum
+``l = sum_j exp(s_ij - m)`` and an unnormalised accumulator ``acc = sum_j exp(s_ij - m) v_j``.
+When a new block raises the max from ``m`` to ``m'`` the old sums are rescaled by
+``alpha = exp(m - m')`` (online softmax), and at the end ``o = acc / l``,
+``lse = m + log(l)``. Scores are kept in log2 units (``log2(e)`` folded into the scale)
+so the exponentials are ``exp2``; ``lse`` is converted back to natural log on store.
+Causal programs stop at the diagonal block. Keys past ``Nk`` in the last block get the
+score ``-inf`` (the identity of the max; ``exp2(-inf) = 0`` for the sums), never 0.
+Query rows past ``Nq`` are loaded as zeros (finite scores, no NaN) and never stored.
+
+Backward: ``dv = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - delta)`` with
+``delta_i = sum_d dO_id O_id`` (preprocess kernel, fp32), ``dq = scale dS K``,
+``dk = scale dS^T Q``. P is recomputed blockwise from the saved LSE (no N x N matrix in
+memory). One kernel computes dk and dv (a program per key block walks the query blocks)
+and one computes dq (a program per query block walks the key blocks): no atomics, the
+result is deterministic. ``lse`` is returned non-differentiable.
+
+Accepted inputs:
+- dtypes float32, float16, bfloat16 (all three tensors the same dtype), any strides
+  (all four strides of each tensor are passed to the kernels; nothing is copied);
+- head dims D = 1 .. 128 (D is padded with masks to BLOCK_D = max(16, next_pow2(D)), so
+  the compiled variants are D in {16, 32, 64, 128}); v's head dim must equal q's;
+- any Nq, Nk >= 1 and B, H >= 1 (empty tensors raise ValueError);
+- ``sm_scale``: None or a finite real number > 0 (a softmax temperature; 0, negative,
+  NaN or inf raise ValueError, a non-number TypeError).
+
+Dot products (all accumulate in fp32):
+- float32: ``tl.dot(..., input_precision="ieee")`` (full fp32 on GPU and interpreter);
+  ``attention.fp32_dot_precision == "ieee"``.
+- float16: fp16 tensor-core dots; P and dS are rounded to fp16 before their dots (the
+  usual FlashAttention choice).
+- bfloat16: loaded, upcast to fp32, and multiplied with tf32 dots. bf16 values are
+  exact in tf32, so Q K^T products are exact; P and dS are rounded to tf32 on the GPU
+  (kept in fp32 by the interpreter). This keeps every bf16 operand out of ``tl.dot``
+  and arithmetic, so bf16 runs correctly under the Triton interpreter too (except that
+  the interpreter truncates the final fp32 -> bf16 store where the GPU rounds).
+
+Block sizes: BLOCK_M = BLOCK_N = 16 under the interpreter (TRITON_INTERPRET=1, so
+fuzzed cases stay fast and a multi-block case needs only N > 16); on the GPU 64 x 64
+for the forward (64 x 32 for fp32/bf16 with D = 128) and 32 x 32 (D <= 64) / 32 x 16
+for the backward. Sequence lengths and strides are not specialised on, so fuzzing
+many shapes compiles only one variant per (dtype class, BLOCK_D, causal).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
+LN2 = 0.6931471805599453  # ln(2):   log(x) = log2(x) * LN2
+# the same as constexprs, the only kind of global a compiled kernel may read
+_LOG2E = tl.constexpr(LOG2E)
+_LN2 = tl.constexpr(LN2)
+
+MAX_HEAD_DIM = 128
+FP32_DOT_PRECISION = "ieee"
+
+# Integer arguments that change with every fuzzed shape: not specialised, so they do
+# not multiply the number of compiled variants.
+_NO_SPEC = ["H", "N_Q", "N_K"]
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# ----------------------------------------------------------------------------------
+# Device helpers
+# ----------------------------------------------------------------------------------
+@triton.jit
+def _mma(a, b, FP16_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """a @ b with fp32 accumulation. a, b are fp32 tiles.
+
+    FP16_DOT: round both operands to fp16 and use the fp16 tensor-core dot (float16
+    inputs: q, k, v are exact in fp16, P and dS are rounded). Otherwise an fp32 dot with
+    DOT_PRECISION ("ieee" for float32 inputs, "tf32" for bfloat16 inputs, which are
+    exact in tf32).
+    """
+    if FP16_DOT:
+        r = tl.dot(a.to(tl.float16), b.to(tl.float16))
+    else:
+        r = tl.dot(a, b, input_precision=DOT_PRECISION)
+    return r
+
+
+@triton.jit
+def _causal_keep(offs_m, offs_n):
+    """[BLOCK_M, BLOCK_N] mask of the (query i, key j) pairs causal attention keeps: j <= i."""
+    return offs_n[None, :] <= offs_m[:, None]
+
+
+# ----------------------------------------------------------------------------------
+# Forward
+# ----------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=_NO_SPEC)
+def _attn_fwd_kernel(
+    Q,  # *[B, H, Nq, D] queries, any strides
+    K,  # *[B, H, Nk, D] keys, any strides
+    V,  # *[B, H, Nk, D] values, any strides
+    O,  # *[B, H, Nq, D] output (input dtype), any strides
+    LSE,  # *[B, H, Nq] float32 natural-log logsumexp, contiguous
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    H,  # number of heads
+    N_Q,  # number of query rows
+    N_K,  # number of keys
+    HEAD_DIM,  # D (<= BLOCK_D)
+    qk_scale,  # sm_scale * log2(e): scores in log2 units
+    IS_CAUSAL: tl.constexpr,
+    FP16_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    off_b = pid_bh // H
+    off_h = pid_bh % H
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_valid = offs_m < N_Q
+    d_valid = offs_d < HEAD_DIM
+
+    q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_h.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_h.to(tl.int64) * stride_vh
+
+    # Padded query rows and padded head-dim lanes load as 0: their scores are finite.
+    q = tl.load(
+        q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+        mask=m_valid[:, None] & d_valid[None, :], other=0.0,
+    ).to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (log2 units)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(s - m_i)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # running sum of exp2(s - m_i) v
+
+    if IS_CAUSAL:
+        # keys j > i for every row of this block lie past the block's last row
+        hi = tl.minimum((pid_m + 1) * BLOCK_M, N_K)
+    else:
+        hi = N_K
+
+    for start_n in range(0, hi, BLOCK_N):
+        offs_kn = start_n + offs_n
+        n_valid = offs_kn < N_K
+        kv_mask = n_valid[:, None] & d_valid[None, :]
+        k = tl.load(
+            k_base + offs_kn[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+            mask=kv_mask, other=0.0,
+        ).to(tl.float32)
+        v = tl.load(
+            v_base + offs_kn[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+            mask=kv_mask, other=0.0,
+        ).to(tl.float32)
+
+        s = _mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION) * qk_scale
+        # keys past N_K score -inf: the identity of the max, weight exp2(-inf) = 0
+        s = tl.where(n_valid[None, :], s, float("-inf"))
+        if IS_CAUSAL:
+            s = tl.where(_causal_keep(offs_m, offs_kn), s, float("-inf"))
+
+        # online softmax: new max, rescale factor of the old sums, this block's weights
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # a row whose scores so far are all -inf keeps offset 0 so that no -inf - -inf NaN
+        # appears (its l stays 0 and o = 0/0 = NaN, as the reference's softmax)
+        m_off = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_off)
+        p = tl.exp2(s - m_off[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + _mma(p, v, FP16_DOT, DOT_PRECISION)
+        m_i = m_new
+
+    o = acc / l_i[:, None]
+    lse = (m_i + tl.log2(l_i)) * _LN2  # natural log
+    o_ptrs = O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh \
+        + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
+    tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=m_valid)
+
+
+# ----------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=_NO_SPEC)
+def _attn_bwd_preprocess_kernel(
+    O,  # *[B, H, Nq, D] forward output, any strides
+    DO,  # *[B, H, Nq, D] gradient of o, any strides (may be an expanded view)
+    DELTA,  # *[B, H, Nq] float32 output: delta_i = sum_d dO_id O_id, contiguous
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    H,
+    N_Q,
+    HEAD_DIM,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    off_b = pid_bh // H
+    off_h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_valid = offs_m < N_Q
+    mask = m_valid[:, None] & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(
+        O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+        + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+        mask=mask, other=0.0,
+    ).to(tl.float32)
+    do = tl.load(
+        DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+        + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+        mask=mask, other=0.0,
+    ).to(tl.float32)
+    delta = tl.sum(o * do, axis=1)  # masked lanes are 0, the identity of the sum
+    tl.store(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, delta, mask=m_valid)
+
+
+@triton.jit(do_not_specialize=_NO_SPEC)
+def _attn_bwd_dkdv_kernel(
+    Q,  # *[B, H, Nq, D] queries, any strides
+    K,  # *[B, H, Nk, D] keys, any strides
+    V,  # *[B, H, Nk, D] values, any strides
+    DO,  # *[B, H, Nq, D] gradient of o, any strides
+    LSE,  # *[B, H, Nq] float32 natural-log logsumexp from the forward, contiguous
+    DELTA,  # *[B, H, Nq] float32 rowsum(dO * O), contiguous
+    DK,  # *[B, H, Nk, D] output dk (input dtype), contiguous
+    DV,  # *[B, H, Nk, D] output dv (input dtype), contiguous
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    H,
+    N_Q,
+    N_K,
+    HEAD_DIM,
+    sm_scale,  # natural-units scale (for dk)
+    qk_scale,  # sm_scale * log2(e)
+    IS_CAUSAL: tl.constexpr,
+    FP16_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    off_b = pid_bh // H
+    off_h = pid_bh % H
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_mb = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_valid = offs_n < N_K
+    d_valid = offs_d < HEAD_DIM
+    kv_mask = n_valid[:, None] & d_valid[None, :]
+
+    q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+    do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+    k = tl.load(
+        K + off_b.to(tl.int64) * stride_kb + off_h.to(tl.int64) * stride_kh
+        + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+        mask=kv_mask, other=0.0,
+    ).to(tl.float32)
+    v = tl.load(
+        V + off_b.to(tl.int64) * stride_vb + off_h.to(tl.int64) * stride_vh
+        + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+        mask=kv_mask, other=0.0,
+    ).to(tl.float32)
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    if IS_CAUSAL:
+        # rows i < j contribute nothing: start at the query block holding this block's first key
+        lo = (pid_n * BLOCK_N) // BLOCK_M * BLOCK_M
+    else:
+        lo = 0
+
+    for start_m in range(lo, N_Q, BLOCK_M):
+        offs_m = start_m + offs_mb
+        m_valid = offs_m < N_Q
+        qm_mask = m_valid[:, None] & d_valid[None, :]
+        q = tl.load(
+            q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+            mask=qm_mask, other=0.0,
+        ).to(tl.float32)
+        do = tl.load(
+            do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+            mask=qm_mask, other=0.0,
+        ).to(tl.float32)
+        lse2 = tl.load(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, mask=m_valid, other=0.0) * _LOG2E
+        delta = tl.load(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, mask=m_valid, other=0.0)
+
+        # P recomputed from the saved LSE; padded rows and keys get -inf, so P = 0 there
+        st = _mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION) * qk_scale
+        keep = m_valid[:, None] & n_valid[None, :]
+        if IS_CAUSAL:
+            keep = keep & _causal_keep(offs_m, offs_n)
+        st = tl.where(keep, st, float("-inf"))
+        p = tl.exp2(st - lse2[:, None])  # [BLOCK_M, BLOCK_N]
+
+        dv += _mma(tl.trans(p), do, FP16_DOT, DOT_PRECISION)
+        dp = _mma(do, tl.trans(v), FP16_DOT, DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dk += _mma(tl.trans(ds), q, FP16_DOT, DOT_PRECISION)
+
+    dk = dk * sm_scale  # d s / d k = sm_scale * q
+    out_off = off_b.to(tl.int64) * stride_dkb + off_h.to(tl.int64) * stride_dkh \
+        + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
+    tl.store(DK + out_off, dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + out_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit(do_not_specialize=_NO_SPEC)
+def _attn_bwd_dq_kernel(
+    Q,  # *[B, H, Nq, D] queries, any strides
+    K,  # *[B, H, Nk, D] keys, any strides
+    V,  # *[B, H, Nk, D] values, any strides
+    DO,  # *[B, H, Nq, D] gradient of o, any strides
+    LSE,  # *[B, H, Nq] float32 natural-log logsumexp from the forward, contiguous
+    DELTA,  # *[B, H, Nq] float32 rowsum(dO * O), contiguous
+    DQ,  # *[B, H, Nq, D] output dq (input dtype), contiguous
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    H,
+    N_Q,
+    N_K,
+    HEAD_DIM,
+    sm_scale,  # natural-units scale (for dq)
+    qk_scale,  # sm_scale * log2(e)
+    IS_CAUSAL: tl.constexpr,
+    FP16_DOT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    off_b = pid_bh // H
+    off_h = pid_bh % H
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_nb = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_valid = offs_m < N_Q
+    d_valid = offs_d < HEAD_DIM
+    qm_mask = m_valid[:, None] & d_valid[None, :]
+
+    q = tl.load(
+        Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+        + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+        mask=qm_mask, other=0.0,
+    ).to(tl.float32)
+    do = tl.load(
+        DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+        + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+        mask=qm_mask, other=0.0,
+    ).to(tl.float32)
+    lse2 = tl.load(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, mask=m_valid, other=0.0) * _LOG2E
+    delta = tl.load(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, mask=m_valid, other=0.0)
+
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_h.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_h.to(tl.int64) * stride_vh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    if IS_CAUSAL:
+        hi = tl.minimum((pid_m + 1) * BLOCK_M, N_K)
+    else:
+        hi = N_K
+
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + offs_nb
+        n_valid = offs_n < N_K
+        kv_mask = n_valid[:, None] & d_valid[None, :]
+        k = tl.load(
+            k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+            mask=kv_mask, other=0.0,
+        ).to(tl.float32)
+        v = tl.load(
+            v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+            mask=kv_mask, other=0.0,
+        ).to(tl.float32)
+
+        sq = _mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION) * qk_scale
+        keep_q = m_valid[:, None] & n_valid[None, :]
+        if IS_CAUSAL:
+            keep_q = keep_q & _causal_keep(offs_m, offs_n)
+        sq = tl.where(keep_q, sq, float("-inf"))
+        p = tl.exp2(sq - lse2[:, None])
+
+        dp = _mma(do, tl.trans(v), FP16_DOT, DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += _mma(ds, k, FP16_DOT, DOT_PRECISION)
+
+    dq = dq * sm_scale  # d s / d q = sm_scale * k
+    tl.store(
+        DQ + off_b.to(tl.int64) * stride_dqb + off_h.to(tl.int64) * stride_dqh
+        + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+        dq.to(DQ.dtype.element_ty), mask=qm_mask,
+    )
+
+
+# ----------------------------------------------------------------------------------
+# Host side
+# ----------------------------------------------------------------------------------
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _qkv_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """The four strides (batch, head, row, dim) of an input q, k or v, taken from the tensor."""
+    return tuple(t.stride())
+
+
+def _dot_mode(dtype: torch.dtype) -> tuple[bool, str]:
+    """(FP16_DOT, DOT_PRECISION) for an input dtype; see the module docstring."""
+    if dtype == torch.float16:
+        return True, "tf32"  # precision applies to fp32 operands only; fp16 dots ignore it
+    if dtype == torch.bfloat16:
+        return False, "tf32"  # bf16 values are exact in tf32
+    return False, FP32_DOT_PRECISION
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _fwd_config(dtype: torch.dtype, block_d: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of the forward kernel."""
+    if _interpreting():
+        return 16, 16, 1
+    if block_d >= 128 and dtype != torch.float16:
+        return 64, 32, 8
+    return 64, 64, 4 if block_d <= 64 else 8
+
+
+def _bwd_config(dtype: torch.dtype, block_d: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of the two backward kernels."""
+    if _interpreting():
+        return 16, 16, 1
+    if block_d >= 128 and dtype != torch.float16:
+        return 32, 16, 4
+    return 32, 32, 4
+
+
+def _check_inputs(q, k, v, causal, sm_scale) -> float:
+    """Validate the arguments of ``attention``; return the resolved sm_scale."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in _DTYPES:
+            raise TypeError(
+                f"attention: {name} has unsupported dtype {t.dtype}; supported: "
+                "torch.float32, torch.float16, torch.bfloat16"
+            )
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(
+            f"attention: q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(
+                f"attention: {name} must have rank 4 [B, H, N, D], got shape {tuple(t.shape)}"
+            )
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(
+            f"attention: q, k, v must be on one device, got q on {q.device}, k on {k.device}, "
+            f"v on {v.device}"
+        )
+    if q.device.type != "cuda" and not _interpreting():
+        raise ValueError(
+            f"attention: q is on {q.device}; the Triton kernel needs CUDA tensors "
+            "(or TRITON_INTERPRET=1 for CPU tensors)"
+        )
+    B, H, n_q, D = q.shape
+    if k.shape[0] != B or k.shape[1] != H:
+        raise ValueError(
+            f"attention: k's batch and head dims {tuple(k.shape[:2])} differ from q's {(B, H)}"
+        )
+    if v.shape[0] != B or v.shape[1] != H:
+        raise ValueError(
+            f"attention: v's batch and head dims {tuple(v.shape[:2])} differ from q's {(B, H)}"
+        )
+    if k.shape[3] != D:
+        raise ValueError(f"attention: k's head dim {k.shape[3]} differs from q's {D}")
+    if v.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"attention: v has {v.shape[2]} keys (dim 2) but k has {k.shape[2]}; they must match"
+        )
+    if v.shape[3] != D:
+        raise ValueError(
+            f"attention: v's head dim {v.shape[3]} differs from q's {D} (this kernel needs "
+            "the same head dim for v)"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.numel() == 0:
+            raise ValueError(f"attention: {name} is empty, shape {tuple(t.shape)}")
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"attention: q's head dim D={D} is not supported (1 <= D <= {MAX_HEAD_DIM})")
+    if not isinstance(causal, (bool, int)) or isinstance(causal, float):
+        raise TypeError(f"attention: causal must be a bool, got {causal!r}")
+    if causal and n_q != k.shape[2]:
+        raise ValueError(
+            f"attention: causal=True needs Nq == Nk, got q with {n_q} rows and k with {k.shape[2]}"
+        )
+    if sm_scale is None:
+        return 1.0 / math.sqrt(D)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
+        raise TypeError(f"attention: sm_scale must be a real number or None, got {sm_scale!r}")
+    sm_scale = float(sm_scale)
+    if not math.isfinite(sm_scale) or sm_scale <= 0.0:
+        raise ValueError(f"attention: sm_scale must be finite and > 0, got {sm_scale!r}")
+    return sm_scale
+
+
+def _forward(q, k, v, causal: bool, sm_scale: float):
+    B, H, n_q, D = q.shape
+    n_k = k.shape[2]
+    block_d = _block_d(D)
+    block_m, block_n, num_warps = _fwd_config(q.dtype, block_d)
+    fp16_dot, precision = _dot_mode(q.dtype)
+    o = torch.empty((B, H, n_q, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(n_q, block_m), B * H)
+    _attn_fwd_kernel[grid](
+        q, k, v, o, lse,
+        *_qkv_strides(q), *_qkv_strides(k), *_qkv_strides(v), *o.stride(),
+        H, n_q, n_k, D, sm_scale * LOG2E,
+        IS_CAUSAL=bool(causal), FP16_DOT=fp16_dot, DOT_PRECISION=precision,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        num_warps=num_warps,
+    )
+    return o, lse
+
+
+def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float):
+    B, H, n_q, D = q.shape
+    n_k = k.shape[2]
+    block_d = _block_d(D)
+    block_m, block_n, num_warps = _bwd_config(q.dtype, block_d)
+    fp16_dot, precision = _dot_mode(q.dtype)
+
+    delta = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
+    pre_m = 16 if _interpreting() else 64
+    _attn_bwd_preprocess_kernel[(triton.cdiv(n_q, pre_m), B * H)](
+        o, do, delta, *o.stride(), *do.stride(), H, n_q, D,
+        BLOCK_M=pre_m, BLOCK_D=block_d,
+    )
+
+    dq = torch.empty((B, H, n_q, D), dtype=q.dtype, device=q.device)
+    dk = torch.empty((B, H, n_k, D), dtype=k.dtype, device=q.device)
+    dv = torch.empty((B, H, n_k, D), dtype=v.dtype, device=q.device)
+    strides = (*_qkv_strides(q), *_qkv_strides(k), *_qkv_strides(v), *do.stride())
+    _attn_bwd_dkdv_kernel[(triton.cdiv(n_k, block_n), B * H)](
+        q, k, v, do, lse, delta, dk, dv,
+        *strides, *dk.stride(),
+        H, n_q, n_k, D, sm_scale, sm_scale * LOG2E,
+        IS_CAUSAL=bool(causal), FP16_DOT=fp16_dot, DOT_PRECISION=precision,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        num_warps=num_warps,
+    )
+    _attn_bwd_dq_kernel[(triton.cdiv(n_q, block_m), B * H)](
+        q, k, v, do, lse, delta, dq,
+        *strides, *dq.stride(),
+        H, n_q, n_k, D, sm_scale, sm_scale * LOG2E,
+        IS_CAUSAL=bool(causal), FP16_DOT=fp16_dot, DOT_PRECISION=precision,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        num_warps=num_warps,
+    )
+    return dq, dk, dv
+
+
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, sm_scale):
+        o, lse = _forward(q, k, v, causal, sm_scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal = causal
+        ctx.sm_scale = sm_scale
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        if do.dtype != q.dtype:
+            do = do.to(q.dtype)
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale)
+        return dq, dk, dv, None, None
+
+
+def attention(q, k, v, causal=False, sm_scale=None):
+    """Flash attention ``(o, lse)``; see the module docstring for the math and limits."""
+    scale = _check_inputs(q, k, v, causal, sm_scale)
+    if q.device.type == "cuda":
+        with torch.cuda.device(q.device):
+            return _FlashAttention.apply(q, k, v, bool(causal), scale)
+    return _FlashAttention.apply(q, k, v, bool(causal), scale)
+
+
+attention.dtypes = _DTYPES
+attention.supports_backward = True
+attention.fp32_dot_precision = FP32_DOT_PRECISION

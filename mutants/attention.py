@@ -1,0 +1,159 @@
+"""Planted bugs in ``kernels.attention``: each is the project kernel with one source patch.
+
+Block sizes matter for the triggers: BLOCK_N is 16 under the Triton interpreter and
+32 or 64 on the GPU (see ``kernels.attention._fwd_config``), so "Nk not a multiple of
+BLOCK_N" means e.g. Nk = 10 or 40 on both backends.
+
+``kills`` lists only checks that fail on some input for that bug; the comments say why
+the checks that look related do not.
+"""
+from __future__ import annotations
+
+import kernels.attention as _kernel
+from mutants import mutant
+
+# Keys past Nk in the last block are loaded as k = 0, v = 0 and scored 0 instead of
+# -inf, so each adds exp(0 - m) to the denominator and nothing to the numerator.
+# Not killed: key_permutation_invariant (the padding count does not depend on the key
+# order), causal checks (with Nq == Nk every padded key is also a future key, masked
+# by the causal mask anyway), batch_heads_independent.
+# Killed by uniform_values_preserved because the padded v lanes load as 0, not 1:
+# with v all ones, o = sum_valid p / (sum_valid p + n_pad e^{-m}) < 1.
+padded_keys_scored_zero = mutant(
+    "attention", _kernel,
+    [('s = tl.where(n_valid[None, :], s, float("-inf"))',
+      's = tl.where(n_valid[None, :], s, 0.0)')],
+    name="padded_keys_scored_zero",
+    bug="Out-of-range keys in the last key block get score 0 instead of -inf (the "
+        "lab seed's bug: masked lanes given the wrong identity for the max/sum). "
+        "Triggers when causal=False and Nk is not a multiple of BLOCK_N (e.g. Nk = 10): "
+        "o shrinks toward 0 and lse grows by log(1 + n_pad e^{-max}).",
+    kills=("matches_reference", "gradients_match_reference", "online_lse_matches_full",
+           "uniform_values_preserved", "split_kv_merge"),
+)
+
+# acc is not multiplied by alpha = exp(m_old - m_new) when the running max grows, while
+# l is: old blocks stay weighted by a stale max. lse is still right, so
+# online_lse_matches_full does not kill it; causal_mask_respected neither (future keys
+# still get weight 0).
+accumulator_not_rescaled = mutant(
+    "attention", _kernel,
+    [("acc = acc * alpha[:, None] + _mma(p, v, FP16_DOT, DOT_PRECISION)",
+      "acc = acc + _mma(p, v, FP16_DOT, DOT_PRECISION)")],
+    name="accumulator_not_rescaled",
+    bug="Online-softmax rescale of the output accumulator forgotten (a classic "
+        "FlashAttention port bug). Triggers when Nk > BLOCK_N and a later key block "
+        "holds a larger score than all earlier ones (e.g. Nk = 40 with the largest key "
+        "last). The dq/dk gradients go wrong through delta = rowsum(dO * O).",
+    kills=("matches_reference", "gradients_match_reference", "uniform_values_preserved",
+           "key_permutation_invariant", "split_kv_merge"),
+)
+
+# The shared causal-mask helper drops the diagonal: key j = i is masked too. Row 0 has
+# no key left (o = NaN, lse = -inf); other rows lose their own key. Future keys stay
+# masked, so causal_mask_respected / causal_gradient_respected / batch_heads_independent
+# fail only through row 0's NaN (NaN != NaN), which is not listed as a kill.
+causal_off_by_one = mutant(
+    "attention", _kernel,
+    [("return offs_n[None, :] <= offs_m[:, None]",
+      "return offs_n[None, :] < offs_m[:, None]")],
+    name="causal_off_by_one",
+    bug="Causal mask j >= i instead of j > i (diagonal excluded; an off-by-one in the "
+        "mask comparison). Triggers on every causal input: row 0 becomes NaN, the "
+        "other rows ignore their own key. Applies to forward and backward.",
+    kills=("matches_reference", "gradients_match_reference", "online_lse_matches_full"),
+)
+
+# The mask lets key j = i + 1 through (in forward and backward, one shared helper).
+# Row i at the last position of a query block never sees key i + 1 (the loop stops at
+# the diagonal block), every other row does, e.g. row 0 sees key 1.
+causal_future_key_visible = mutant(
+    "attention", _kernel,
+    [("return offs_n[None, :] <= offs_m[:, None]",
+      "return offs_n[None, :] <= offs_m[:, None] + 1")],
+    name="causal_future_key_visible",
+    bug="Causal mask j > i + 1 instead of j > i: each query sees one future key "
+        "(an off-by-one shifting the diagonal). Triggers on any causal input with "
+        "N >= 2; forward and backward both use the shifted mask.",
+    kills=("matches_reference", "gradients_match_reference", "causal_mask_respected",
+           "causal_gradient_respected", "online_lse_matches_full"),
+)
+
+# lse stored in log2 units (m + log2 l) instead of natural log. o is unaffected, so
+# uniform_values_preserved passes; the backward reads lse as natural log, so P and
+# every gradient are wrong.
+lse_in_log2_units = mutant(
+    "attention", _kernel,
+    [("lse = (m_i + tl.log2(l_i)) * _LN2  # natural log",
+      "lse = m_i + tl.log2(l_i)")],
+    name="lse_in_log2_units",
+    bug="The log2-domain running statistics are stored without converting back to "
+        "natural log (lse is log2(e) times too large; the exp2 trick leaking out). "
+        "Triggers on every input whose lse is not 0.",
+    kills=("matches_reference", "gradients_match_reference", "online_lse_matches_full",
+           "split_kv_merge"),
+)
+
+# The wrapper passes strides computed from the shape as if q, k, v were contiguous.
+# Contiguous inputs are unaffected; the reads stay inside the input's storage for any
+# non-overlapping view, so this never reads out of bounds.
+strides_assumed_contiguous = mutant(
+    "attention", _kernel,
+    [("return tuple(t.stride())",
+      'return tuple(torch.empty(t.shape, device="meta").stride())')],
+    name="strides_assumed_contiguous",
+    bug="q/k/v strides computed from the shape as if the tensors were contiguous "
+        "instead of taken from the tensor (the wrapper forgot .contiguous() or "
+        ".stride()). Triggers on non-contiguous q, k or v, e.g. a [B, N, H, D] tensor "
+        "transposed to [B, H, N, D] with H > 1 and N > 1, or a step-sliced head dim.",
+    kills=("matches_reference", "gradients_match_reference"),
+)
+
+# lse written at (head * Nq + row) instead of ((batch * H + head) * Nq + row): every
+# batch writes over batch 0 and the other batches' lse are never written.
+lse_ignores_batch_index = mutant(
+    "attention", _kernel,
+    [("tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=m_valid)",
+      "tl.store(LSE + off_h.to(tl.int64) * N_Q + offs_m, lse, mask=m_valid)")],
+    name="lse_ignores_batch_index",
+    bug="The lse output pointer is offset by the head index only, not batch * H + head "
+        "(a flattened-index bug). Triggers when B > 1: batch 0 gets the last batch's "
+        "lse, the others keep uninitialised memory, and the backward uses them.",
+    kills=("matches_reference", "gradients_match_reference", "online_lse_matches_full",
+           "batch_heads_independent"),
+)
+
+# Backward: dk not multiplied by sm_scale (ds / dk = sm_scale q). Forward untouched.
+dk_missing_scale = mutant(
+    "attention", _kernel,
+    [("dk = dk * sm_scale  # d s / d k = sm_scale * q", "dk = dk")],
+    name="dk_missing_scale",
+    bug="Backward: the softmax scale is dropped from dk (chain rule through "
+        "s = sm_scale q k^T forgotten for one operand). Triggers whenever "
+        "sm_scale != 1 (the default 1/sqrt(D) for D > 1).",
+    kills=("gradients_match_reference",),
+)
+
+# Backward: the dk/dv kernel forgets the causal mask, so rows i < j send gradient to
+# key j. The forward and dq are right.
+dkdv_causal_mask_missing = mutant(
+    "attention", _kernel,
+    [("keep = keep & _causal_keep(offs_m, offs_n)", "keep = keep")],
+    name="dkdv_causal_mask_missing",
+    bug="Backward: the dk/dv kernel recomputes P without the causal mask (a mask "
+        "applied in the forward but not repeated in the backward). Triggers on causal "
+        "inputs with N >= 2: future keys get gradient from earlier queries.",
+    kills=("gradients_match_reference", "causal_gradient_respected"),
+)
+
+MUTANTS = (
+    padded_keys_scored_zero,
+    accumulator_not_rescaled,
+    causal_off_by_one,
+    causal_future_key_visible,
+    lse_in_log2_units,
+    strides_assumed_contiguous,
+    lse_ignores_batch_index,
+    dk_missing_scale,
+    dkdv_causal_mask_missing,
+)

@@ -1,0 +1,85 @@
+"""Planted bugs in the rope and swiglu kernels (``kernels/elementwise.py``), one source patch each."""
+from __future__ import annotations
+
+from kernels import elementwise as _kernel
+from mutants import mutant
+
+__all__ = [
+    "half_split_pairs", "sin_sign_flipped", "backward_same_rotation",
+    "sigmoid_overflow", "dup_missing_sigmoid",
+]
+
+# ---------------------------------------------------------------------------- rope
+
+half_split_pairs = mutant(
+    "rope",
+    _kernel,
+    [("col_a = 2 * pairs\n    col_b = 2 * pairs + 1", "col_a = pairs\n    col_b = pairs + HALF")],
+    name="half_split_pairs",
+    bug=(
+        "Rotates the pairs (i, i + D/2) instead of the interleaved pairs (2i, 2i+1): the "
+        "GPT-NeoX 'rotate_half' layout used where the GPT-J/LLaMA interleaved layout is "
+        "expected (a classic checkpoint-conversion bug). Forward and backward share the "
+        "layout, so the gradient is the adjoint of the wrong map. Triggered by any D >= 4 "
+        "(for D = 2 both layouts pair columns 0 and 1)."
+    ),
+    kills=("matches_reference", "gradients_match_reference", "pair_norms_preserved"),
+)
+
+sin_sign_flipped = mutant(
+    "rope",
+    _kernel,
+    [("sn = sn * sin_sign", "sn = -sn * sin_sign")],
+    name="sin_sign_flipped",
+    bug=(
+        "The sign of sin is flipped, i.e. the kernel rotates by -theta (the transposed "
+        "rotation matrix, or sin(-theta) from a wrong angle table). In forward and backward. "
+        "Still a rotation, so pair norms are preserved. Triggered by any sin != 0."
+    ),
+    kills=("matches_reference", "gradients_match_reference"),
+)
+
+backward_same_rotation = mutant(
+    "rope",
+    _kernel,
+    [("dx = _rope_launch(dy, cos, sin, sin_sign=-1.0)", "dx = _rope_launch(dy, cos, sin, sin_sign=1.0)")],
+    name="backward_same_rotation",
+    bug=(
+        "The backward rotates dy by +theta (reusing the forward) instead of by -theta (the "
+        "transpose of the rotation). The forward is right. Triggered by any sin != 0 when "
+        "gradients are checked."
+    ),
+    kills=("gradients_match_reference",),
+)
+
+# ---------------------------------------------------------------------------- swiglu
+
+sigmoid_overflow = mutant(
+    "swiglu",
+    _kernel,
+    [(
+        "e = tl.exp(-tl.abs(g))\n    return tl.where(g >= 0, 1.0 / (1.0 + e), e / (1.0 + e))",
+        "e = tl.exp(g)\n    return e / (1.0 + e)",
+    )],
+    name="sigmoid_overflow",
+    bug=(
+        "sigmoid(g) computed as exp(g) / (1 + exp(g)): exp overflows to inf for g > ~88.7 "
+        "(fp32 arithmetic) and inf / inf is NaN, so y and both gradients are NaN where the "
+        "gate is large and positive (the unstable-logistic bug). Triggered by a gate above "
+        "~89 (e.g. a 'near the dtype max' or outlier value in fp16/bf16, or 100.0 in fp32)."
+    ),
+    kills=("matches_reference", "gradients_match_reference"),
+)
+
+dup_missing_sigmoid = mutant(
+    "swiglu",
+    _kernel,
+    [("dup = dy * g * s", "dup = dy * g")],
+    name="dup_missing_sigmoid",
+    bug=(
+        "The backward gives dup = dy * gate instead of dy * gate * sigmoid(gate) (a dropped "
+        "factor in a hand-written backward). The forward and dgate are right. Triggered by "
+        "any gate != 0 when gradients are checked."
+    ),
+    kills=("gradients_match_reference",),
+)

@@ -1,0 +1,257 @@
+"""Smoke tests of the attention family: kernel, references, controls, mutants.
+
+Fast (Triton interpreter on CPU, or the GPU when the suite's backend picks it). The
+real tolerance rules and properties live in the suite; the bounds here are loose fixed
+bounds that catch a broken kernel, not a slightly inaccurate one.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from controls import attention as controls
+from kernels.attention import attention
+from mutants import attention as mutants
+from references.attention import attention as ref_np
+from references.attention import attention_torch as ref_torch
+
+# the suite's conftest picks the backend (TRITON_INTERPRET) before this module is imported
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+
+
+def _make(B, H, n_q, n_k, D, dtype, layout="contiguous", seed=0):
+    """q [B, H, n_q, D], k and v [B, H, n_k, D] in the given layout."""
+    g = torch.Generator().manual_seed(seed)
+
+    def one(n):
+        if layout == "bnhd":  # [B, N, H, D] storage seen as [B, H, N, D]
+            t = torch.randn(B, n, H, D, generator=g).to(dtype).to(DEVICE).transpose(1, 2)
+        elif layout == "strided":  # every other head-dim element of a wider tensor
+            t = torch.randn(B, H, n, 2 * D, generator=g).to(dtype).to(DEVICE)[..., ::2]
+        else:
+            t = torch.randn(B, H, n, D, generator=g).to(dtype).to(DEVICE)
+        return t
+
+    return one(n_q), one(n_k), one(n_k)
+
+
+def _ref(q, k, v, causal=False, sm_scale=None):
+    to_np = lambda t: t.detach().cpu().double().numpy()  # noqa: E731
+    return ref_np(to_np(q), to_np(k), to_np(v), causal, sm_scale)
+
+
+# --------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------
+def _ok(shape=(1, 2, 8, 16), dtype=torch.float32):
+    return torch.randn(*shape, device=DEVICE).to(dtype)
+
+
+BAD_INPUTS = [
+    # (id, kwargs-builder, error type, substring that names the argument)
+    ("q_not_tensor", lambda: dict(q=np.zeros((1, 1, 4, 16)), k=_ok(), v=_ok()), TypeError, "q"),
+    ("k_float64", lambda: dict(q=_ok(), k=_ok().double(), v=_ok()), TypeError, "k"),
+    ("v_int", lambda: dict(q=_ok(), k=_ok(), v=_ok().to(torch.int32)), TypeError, "v"),
+    ("mixed_dtypes", lambda: dict(q=_ok(), k=_ok(dtype=torch.float16), v=_ok()), TypeError, "k"),
+    ("q_rank3", lambda: dict(q=_ok((2, 8, 16)), k=_ok(), v=_ok()), ValueError, "q"),
+    ("k_batch", lambda: dict(q=_ok(), k=_ok((2, 2, 8, 16)), v=_ok()), ValueError, "k"),
+    ("v_heads", lambda: dict(q=_ok(), k=_ok(), v=_ok((1, 3, 8, 16))), ValueError, "v"),
+    ("k_head_dim", lambda: dict(q=_ok(), k=_ok((1, 2, 8, 32)), v=_ok()), ValueError, "k"),
+    ("v_keys", lambda: dict(q=_ok(), k=_ok(), v=_ok((1, 2, 9, 16))), ValueError, "v"),
+    ("v_head_dim", lambda: dict(q=_ok(), k=_ok(), v=_ok((1, 2, 8, 32))), ValueError, "v"),
+    ("head_dim_129", lambda: dict(q=_ok((1, 1, 4, 129)), k=_ok((1, 1, 4, 129)),
+                                  v=_ok((1, 1, 4, 129))), ValueError, "head dim"),
+    ("empty_q", lambda: dict(q=_ok((1, 2, 0, 16)), k=_ok(), v=_ok()), ValueError, "q"),
+    ("causal_nq_ne_nk", lambda: dict(q=_ok((1, 2, 4, 16)), k=_ok(), v=_ok(), causal=True),
+     ValueError, "causal"),
+    ("scale_zero", lambda: dict(q=_ok(), k=_ok(), v=_ok(), sm_scale=0.0), ValueError, "sm_scale"),
+    ("scale_negative", lambda: dict(q=_ok(), k=_ok(), v=_ok(), sm_scale=-1.0), ValueError, "sm_scale"),
+    ("scale_nan", lambda: dict(q=_ok(), k=_ok(), v=_ok(), sm_scale=float("nan")), ValueError, "sm_scale"),
+    ("scale_inf", lambda: dict(q=_ok(), k=_ok(), v=_ok(), sm_scale=math.inf), ValueError, "sm_scale"),
+    ("scale_str", lambda: dict(q=_ok(), k=_ok(), v=_ok(), sm_scale="0.5"), TypeError, "sm_scale"),
+]
+
+
+@pytest.mark.parametrize("name,build,exc,needle", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_validation(name, build, exc, needle):
+    with pytest.raises(exc, match=needle):
+        attention(**build())
+
+
+def test_two_devices_rejected():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device to put one tensor elsewhere")
+    q = torch.randn(1, 1, 4, 16, device="cuda")
+    with pytest.raises(ValueError, match="device"):
+        attention(q, q.cpu(), q)
+
+
+# --------------------------------------------------------------------------------------
+# Fixed cases against the fp64 reference
+# --------------------------------------------------------------------------------------
+BOUND = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
+
+CASES = [
+    # B, H, Nq, Nk, D, dtype, causal, layout, sm_scale
+    (1, 1, 5, 10, 16, torch.float32, False, "contiguous", None),  # Nk not a block multiple
+    (2, 3, 37, 21, 64, torch.float32, False, "bnhd", None),  # transposed view, ragged
+    (1, 2, 40, 40, 32, torch.float32, True, "contiguous", 0.3),  # causal, 3 blocks
+    (2, 2, 33, 33, 16, torch.float16, True, "bnhd", None),  # fp16 causal transposed
+    (1, 2, 19, 50, 64, torch.float16, False, "strided", None),  # step-sliced head dim
+    (1, 1, 3, 7, 24, torch.float32, False, "contiguous", None),  # D padded 24 -> 32
+    (1, 1, 17, 17, 128, torch.float32, True, "contiguous", None),
+    (1, 2, 20, 20, 32, torch.bfloat16, False, "contiguous", None),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}x{c[3]}x{c[4]}-"
+                         f"{str(c[5])[6:]}-{'causal' if c[6] else 'full'}-{c[7]}")
+def test_matches_reference(case):
+    B, H, n_q, n_k, D, dtype, causal, layout, sm_scale = case
+    q, k, v = _make(B, H, n_q, n_k, D, dtype, layout)
+    inputs = [t.clone() for t in (q, k, v)]
+    o, lse = attention(q, k, v, causal=causal, sm_scale=sm_scale)
+    assert o.dtype == dtype and o.shape == (B, H, n_q, D)
+    assert lse.dtype == torch.float32 and lse.shape == (B, H, n_q)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    ro, rl = _ref(q, k, v, causal, sm_scale)
+    assert np.abs(o.cpu().double().numpy() - ro).max() < BOUND[dtype]
+    assert np.abs(lse.cpu().double().numpy() - rl).max() < 1e-4
+    for before, after in zip(inputs, (q, k, v)):  # inputs untouched
+        assert torch.equal(before, after)
+
+
+def test_deterministic_and_lse_not_differentiable():
+    q, k, v = _make(1, 2, 20, 20, 16, torch.float32, seed=3)
+    q.requires_grad_()
+    o1, lse1 = attention(q, k, v, causal=True)
+    o2, lse2 = attention(q, k, v, causal=True)
+    assert torch.equal(o1, o2) and torch.equal(lse1, lse2)
+    assert o1.requires_grad and not lse1.requires_grad
+
+
+def test_attributes():
+    assert attention.supports_backward is True
+    assert attention.fp32_dot_precision in ("tf32", "ieee")
+    assert set(attention.dtypes) == {torch.float32, torch.float16, torch.bfloat16}
+
+
+# --------------------------------------------------------------------------------------
+# References and controls
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("causal,n_q,n_k", [(False, 5, 9), (True, 7, 7)])
+def test_references_agree(causal, n_q, n_k):
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 3, n_q, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 3, n_k, 8, generator=g, dtype=torch.float64) * 3
+    v = torch.randn(2, 3, n_k, 8, generator=g, dtype=torch.float64)
+    o_np, lse_np = ref_np(q.numpy(), k.numpy(), v.numpy(), causal, 0.7)
+    o_t, lse_t = ref_torch(q, k, v, causal, 0.7)
+    np.testing.assert_allclose(o_t.numpy(), o_np, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(lse_t.numpy(), lse_np, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_gradcheck(causal):
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 4, 3, generator=g, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    assert torch.autograd.gradcheck(lambda a, b, c: ref_torch(a, b, c, causal)[0], (q, k, v))
+
+
+@pytest.mark.parametrize("control", ["sdpa", "naive_torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_controls(control, dtype):
+    q, k, v = _make(1, 2, 9, 9, 16, dtype, seed=4)
+    fn = getattr(controls, control)
+    for causal in (False, True):
+        o, lse = fn(q, k, v, causal=causal)
+        ro, rl = _ref(q, k, v, causal)
+        assert o.dtype == dtype and lse.dtype == torch.float32
+        assert np.abs(o.detach().cpu().double().numpy() - ro).max() < 10 * BOUND[dtype]
+        # naive_torch's lse comes from scores rounded to the input dtype
+        assert np.abs(lse.detach().cpu().double().numpy() - rl).max() < BOUND[dtype]
+
+
+# --------------------------------------------------------------------------------------
+# Gradients
+# --------------------------------------------------------------------------------------
+GRAD_CASES = [
+    (2, 2, 23, 37, 32, torch.float32, False, "bnhd", 1e-4),
+    (1, 2, 35, 35, 16, torch.float16, True, "contiguous", 2e-2),
+]
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=["fp32-full-bnhd", "fp16-causal"])
+def test_gradients_match_reference(case):
+    B, H, n_q, n_k, D, dtype, causal, layout, bound = case
+    q, k, v = (t.requires_grad_() for t in _make(B, H, n_q, n_k, D, dtype, layout, seed=5))
+    do = torch.randn(B, H, n_q, D, generator=torch.Generator().manual_seed(6)).to(dtype).to(DEVICE)
+    o, _ = attention(q, k, v, causal=causal)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    o64, _ = ref_torch(q64, k64, v64, causal)
+    ref_grads = torch.autograd.grad(o64, (q64, k64, v64), do.double())
+    for name, got, want, inp in zip("qkv", grads, ref_grads, (q, k, v)):
+        assert got.dtype == dtype and got.shape == inp.shape, name
+        err = (got.double() - want).abs().max().item()
+        assert err < bound * max(1.0, want.abs().max().item()), (name, err)
+
+
+def test_gradient_of_expanded_grad_output():
+    """o.sum() backpropagates an expanded (stride 0) grad_output."""
+    q, k, v = (t.requires_grad_() for t in _make(1, 1, 9, 12, 16, torch.float32, seed=7))
+    attention(q, k, v)[0].sum().backward()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref_torch(q64, k64, v64)[0].sum().backward()
+    for a, b in ((q, q64), (k, k64), (v, v64)):
+        assert (a.grad.double() - b.grad).abs().max() < 1e-4
+
+
+# --------------------------------------------------------------------------------------
+# Mutants: each builds and differs from the kernel on an input that triggers it
+# --------------------------------------------------------------------------------------
+# name -> (B, H, N_q, N_k, D, causal, layout, sm_scale)
+TRIGGERS = {
+    "padded_keys_scored_zero": (1, 1, 5, 10, 16, False, "contiguous", None),
+    "accumulator_not_rescaled": (1, 2, 8, 150, 16, False, "contiguous", None),  # > 1 block on GPU too
+    "causal_off_by_one": (1, 1, 8, 8, 16, True, "contiguous", None),
+    "causal_future_key_visible": (1, 1, 8, 8, 16, True, "contiguous", None),
+    "lse_in_log2_units": (1, 1, 4, 8, 16, False, "contiguous", None),
+    "strides_assumed_contiguous": (1, 2, 8, 8, 16, False, "bnhd", None),
+    "lse_ignores_batch_index": (2, 1, 4, 8, 16, False, "contiguous", None),
+    "dk_missing_scale": (1, 1, 4, 8, 16, False, "contiguous", None),
+    "dkdv_causal_mask_missing": (1, 1, 8, 8, 16, True, "contiguous", None),
+}
+
+
+def test_every_mutant_has_a_trigger():
+    assert {m.name for m in mutants.MUTANTS} == set(TRIGGERS)
+    for m in mutants.MUTANTS:
+        assert getattr(mutants, m.name) is m and m.op == "attention" and m.kills
+
+
+def _run_with_grads(fn, q, k, v, causal, sm_scale, do):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    o, lse = fn(q, k, v, causal=causal, sm_scale=sm_scale)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    return (o.detach(), lse.detach(), *grads)
+
+
+@pytest.mark.parametrize("name", sorted(TRIGGERS))
+def test_mutant_differs_on_trigger(name):
+    B, H, n_q, n_k, D, causal, layout, sm_scale = TRIGGERS[name]
+    q, k, v = _make(B, H, n_q, n_k, D, torch.float32, layout, seed=8)
+    do = torch.randn(B, H, n_q, D, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    good = _run_with_grads(attention, q, k, v, causal, sm_scale, do)
+    bad = _run_with_grads(getattr(mutants, name), q, k, v, causal, sm_scale, do)
+    labels = ("o", "lse", "dq", "dk", "dv")
+    forward_only = name in ("dk_missing_scale", "dkdv_causal_mask_missing")
+    differs = [lab for lab, a, b in zip(labels, good, bad) if not torch.equal(a, b)]
+    assert differs, f"mutant {name} matches the kernel on its trigger input"
+    if forward_only:  # backward-only bugs leave the forward bitwise intact
+        assert differs[0] in ("dq", "dk", "dv"), differs
