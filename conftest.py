@@ -68,7 +68,7 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     from properties import harness, report
     harness.set_collector(report.Collector())
-    config._tritoncheck = {"skipped": [], "profile": profile, "backend": chosen, "counted": 0}
+    config._tritoncheck = {"skipped": [], "profile": profile, "backend": chosen, "counted": 0, "kills": []}
     if not _is_worker(config):
         report.clear_parts(CONFIG.report_dir)
 
@@ -82,9 +82,23 @@ def pytest_cmdline_main(config):
     return None
 
 
+def pytest_collection_modifyitems(config, items):
+    """With --impl, run only the checks of the user's implementation: the suite's own
+    kernel tests and self-tests are about the suite, not about the user's kernel."""
+    from properties import registry
+    if registry._user_impls:
+        keep = [i for i in items if i.nodeid.startswith("tests/test_checks.py")]
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
+
+
 def pytest_runtest_logreport(report):
     state = getattr(pytest, "_tritoncheck_state", None)
-    if state is None or "test_checks.py" not in report.nodeid:
+    if state is None:
+        return
+    if "test_mutant_killed" in report.nodeid and report.when == "call":
+        state["kills"].append(report.passed)
+    if "test_checks.py" not in report.nodeid:
         return
     if report.when == "call" or (report.when == "setup" and report.skipped):
         if report.skipped:
@@ -128,6 +142,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     from properties import report
     tr = terminalreporter
+    if state["kills"]:
+        killed = sum(state["kills"])
+        tr.section("mutation self-test")
+        tr.write_line(f"kill rate: {killed}/{len(state['kills'])} claimed (mutant, check) kills "
+                      f"({100 * killed / len(state['kills']):.1f}%)")
+    if not state["report"]["outputs"] and not state["skipped"]:
+        return
     tr.section("tolerance report")
     if state["report"]["outputs"]:
         tr.write_line(report.table(state["report"]))

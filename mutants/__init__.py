@@ -35,9 +35,22 @@ class Mutant:
     fn: Callable
     bug: str
     kills: tuple[str, ...]
+    module: str = ""  # where the mutant is defined, e.g. "mutants.softmax"
+
+    @property
+    def target(self) -> str:
+        """``module:name``, importable: what ``--impl`` and replay files name."""
+        return f"{self.module}:{self.name}"
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
+
+    def __getattr__(self, name):
+        # What the kernel declares (dtypes, supports_backward, fp32_dot_precision, ...)
+        # holds for its mutant too.
+        if name == "fn":
+            raise AttributeError(name)
+        return getattr(self.fn, name)
 
 
 def _patched_module(module: ModuleType, patches: tuple[tuple[str, str], ...], tag: str) -> ModuleType:
@@ -87,5 +100,5 @@ def mutant(
         raise ValueError(f"mutant {name!r} must name at least one check in kills")
     patched = _patched_module(module, tuple(patches), f"{op}_{name}")
     fn = getattr(patched, attr or op)
-    wrapper = Mutant(name=name, op=op, fn=fn, bug=bug, kills=tuple(kills))
-    return wrapper
+    return Mutant(name=name, op=op, fn=fn, bug=bug, kills=tuple(kills),
+                  module=sys._getframe(1).f_globals.get("__name__", ""))

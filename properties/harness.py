@@ -86,15 +86,69 @@ class Target:
 
 
 def save_failure(target: Target, case: Case) -> Path:
-    """Write the case and where it failed, for ``python -m properties.replay``."""
+    """Write what replays the failure: ``<id>.json`` (the case, for
+    ``python -m properties.replay``), ``<id>.pt`` (the inputs themselves, strides and
+    storage offsets included) and ``<id>.py`` (a script that needs neither pytest nor
+    Hypothesis: it loads the inputs, runs the implementation and the fp64 reference,
+    prints the error, then replays the failed check)."""
     folder = Path(CONFIG.report_dir) / "failures"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / (re.sub(r"[^A-Za-z0-9_.-]+", "_", target.id) + ".json")
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", target.id)
+    path = folder / f"{stem}.json"
     path.write_text(json.dumps({
         "check": target.check.name, "impl": target.impl.target, "impl_name": target.impl.name,
         "backend": backend.current(), "case": case.to_json(),
     }, indent=1))
+    torch.save(case.materialise("cpu"), folder / f"{stem}.pt")
+    (folder / f"{stem}.py").write_text(_SCRIPT.format(
+        id=target.id, check=target.check.name, impl=target.impl.target, op=target.op.name,
+        reference=f"{target.op.reference.__module__}:{target.op.reference.__name__}",
+        args=tuple(case.args), kwargs=dict(case.kwargs), outputs=tuple(target.op.outputs), stem=stem,
+        backend=backend.current(), root=Path(__file__).resolve().parents[1]))
     return path
+
+
+_SCRIPT = '''"""Standalone reproducer for {id} (written by the suite; no pytest or Hypothesis needed).
+
+Run from the suite's checkout:  python {stem}.py   (or: python -m properties.replay {stem}.json)
+"""
+import importlib
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, "{root}")  # the suite's checkout, for kernels/, references/, properties/
+os.environ.setdefault("TRITON_INTERPRET", "1" if "{backend}" == "interpret" else "0")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+
+def load(target):
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+device = "cuda" if "{backend}" == "cuda" else "cpu"
+inputs = {{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in torch.load(HERE / "{stem}.pt").items()}}
+args = [inputs[a] for a in {args}]
+impl, reference = load("{impl}"), load("{reference}")
+got = impl(*args, **{kwargs})
+got = got if isinstance(got, tuple) else (got,)
+expected = reference(*[a.detach().cpu().double().numpy() if torch.is_tensor(a) and a.is_floating_point()
+                       else (a.cpu().numpy() if torch.is_tensor(a) else a) for a in args])
+expected = expected if isinstance(expected, tuple) else (expected,)
+for name, g, e in zip({outputs}, got, expected):
+    g = g.detach().cpu().double().numpy()
+    err = np.where(np.isfinite(e) & np.isfinite(g), np.abs(g - e), np.where(np.isnan(e) == np.isnan(g), 0.0, np.inf))
+    i = np.unravel_index(int(np.argmax(err)), err.shape) if err.size else ()
+    print(f"{op} output {{name}}: max |error| {{err.max() if err.size else 0:.3g}} at {{list(map(int, i))}} "
+          f"(expected {{e[i] if err.size else 0:.9g}}, got {{g[i] if err.size else 0:.9g}})")
+print("replaying the failed check, {check}:")
+from properties import replay  # noqa: E402
+
+sys.exit(replay.main([str(HERE / "{stem}.json")]))
+'''
 
 
 def targets() -> list[Target]:

@@ -30,6 +30,7 @@ FAMILIES = (
     "outlier",  # normal, plus one element 1e3 times larger (clipped to the range)
     "offset",  # a large common offset (1e4) plus normal noise: cancellation
     "neg_inf_mask",  # normal with about 30% of entries -inf (masking)
+    "neg_inf_tail",  # normal, each row -inf from a random column on (a padding mask)
 )
 SCALES = (1.0, 1e-3, 1e-1, 10.0, 1e3)
 GARBAGE = float("nan")  # fills the gaps of strided layouts: any read of a gap shows
@@ -48,26 +49,34 @@ def dtype_from_name(name: str) -> torch.dtype:
 
 # ----------------------------------------------------------------------------- sizes
 
-def interesting_sizes(min_size: int, max_size: int, blocks: Sequence[int] = ()) -> list[int]:
-    """Sizes where kernels break: 1, small primes, powers of two and their
-    neighbours, and the sizes just around each block size."""
+def interesting_sizes(min_size: int, max_size: int) -> list[int]:
+    """Sizes where kernels break: 1, small primes, powers of two and their neighbours."""
     picks = {1, 2, 3, 5, 7, 13, 31, 61, 127, 257, 509, 1021, 4099, 65537}
     k = 1
     while k <= 2 * max_size:
         picks.update({k - 1, k, k + 1})
         k *= 2
-    for b in blocks:
-        picks.update({b - 1, b, b + 1, 2 * b + 1})
+    return sorted(s for s in picks if min_size <= s <= max_size)
+
+
+def block_edges(min_size: int, max_size: int, blocks: Sequence[int]) -> list[int]:
+    """Sizes at the edges of the blocks a kernel tiles with: one short of a block, a
+    block, one past one block (the first masked tail of a multi-block loop), one past two."""
+    picks = {e for b in blocks for e in (b - 1, b, b + 1, 2 * b + 1)}
     return sorted(s for s in picks if min_size <= s <= max_size)
 
 
 def sizes(min_size: int = 1, max_size: int = 1024, *, blocks: Sequence[int] = ()) -> st.SearchStrategy[int]:
-    """A size in ``[min_size, max_size]``: half the draws from :func:`interesting_sizes`,
-    half uniform; shrinks toward ``min_size``."""
+    """A size in ``[min_size, max_size]``, drawn evenly from three pools: uniform,
+    :func:`interesting_sizes` and :func:`block_edges` of ``blocks``; shrinks toward
+    ``min_size``."""
     if not 1 <= min_size <= max_size:
         raise ValueError(f"sizes: need 1 <= min_size <= max_size, got min_size={min_size}, max_size={max_size}")
-    picks = interesting_sizes(min_size, max_size, blocks)
-    return st.one_of(st.integers(min_size, max_size), st.sampled_from(picks))
+    pools = [st.integers(min_size, max_size), st.sampled_from(interesting_sizes(min_size, max_size))]
+    edges = block_edges(min_size, max_size, blocks)
+    if edges:
+        pools.append(st.sampled_from(edges))
+    return st.one_of(*pools)
 
 
 # ---------------------------------------------------------------------------- layouts
@@ -174,6 +183,11 @@ def _family_values(rng: np.random.Generator, shape: tuple[int, ...], family: str
     elif family == "neg_inf_mask":
         v = rng.standard_normal(shape) * scale
         v[rng.random(shape) < 0.3] = -np.inf
+    elif family == "neg_inf_tail":
+        v = rng.standard_normal(shape) * scale
+        n = shape[-1] if shape else 1
+        starts = rng.integers(1, n + 1, shape[:-1])  # keep at least one finite entry per row
+        v[np.arange(n) >= np.asarray(starts)[..., None]] = -np.inf
     elif family == "indices":
         v = rng.integers(0, int(scale), shape).astype(np.float64)
     else:
@@ -280,7 +294,9 @@ def tensors(draw, shape: tuple[int, ...], dtype: torch.dtype, *,
     if bad:
         raise ValueError(f"tensors: unknown families {bad}; known: {', '.join(FAMILIES)}")
     family = draw(st.sampled_from(tuple(families)))
-    scale = draw(st.sampled_from(tuple(scales))) if family not in ("near_max", "tiny") else 1.0
+    scale = draw(st.sampled_from(tuple(scales)))  # always drawn, so shrinking prefers the first family
+    if family in ("near_max", "tiny"):
+        scale = 1.0
     seed = draw(st.integers(0, 2**32 - 1))
     lay = draw(layouts(len(shape), keep_last=keep_last)) if layout else None
     injections: tuple = ()

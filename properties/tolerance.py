@@ -20,9 +20,10 @@ Every rule is a first-order rounding-error bound, not a tuned number. The pieces
 * Dot products on fp32 inputs run as tf32 on NVIDIA GPUs unless the kernel asks for
   ``input_precision="ieee"``: each operand is rounded to tf32 first, a relative error
   of ``2 u(tf32)`` per product. The interpreter computes them in full fp32.
-* Results below the smallest normal number may be flushed to zero (FTZ in GPU math
-  functions) or rounded in the subnormal range, an absolute error below the
-  smallest normal of the output dtype or of fp32, whichever is larger.
+* Near underflow: rounding into the output dtype's subnormal range errs by up to its
+  subnormal spacing (fp16: 2^-24), and an fp32 intermediate below fp32's smallest
+  normal may be flushed to zero (FTZ in GPU math functions): an absolute floor of
+  the larger of the two.
 * ``SAFETY = 2`` covers the second-order terms the first-order bounds drop, and the
   freedom of an implementation to order its operations differently.
 
@@ -79,56 +80,74 @@ class Precision:
         if dtype == torch.float32 and backend == "cuda" and fp32_dot_precision != "ieee":
             # Triton's default on NVIDIA: tf32 for fp32 tl.dot (an undeclared kernel is assumed to use it).
             dot = 2 * U_TF32
-        floor = max(float(torch.finfo(dtype).tiny), float(torch.finfo(torch.float32).tiny))
+        info = torch.finfo(dtype)
+        floor = max(float(info.tiny) * float(info.eps), float(torch.finfo(torch.float32).tiny))
         return cls(dtype=dtype, backend=backend, store=store, compute=U32, dot=dot, floor=floor)
 
 
 # ---------------------------------------------------------------------------- softmax
 
-def softmax_relative(x: np.ndarray, temperature: float, p: Precision) -> np.ndarray:
-    """Relative error bound of each softmax output y_i = exp(z_i - m) / s, z = x / T.
+def softmax_exponent_error(x: np.ndarray, temperature: float, p: Precision) -> tuple[np.ndarray, np.ndarray]:
+    """Bound E_i on the error of log y_i, and the exact log y_i, for y = softmax(x / T).
 
     z_i = x_i / T rounds: in fp32 inside a kernel, but ``torch.softmax(x / t)``, the
     way users write it, rounds z in the input dtype, so for T != 1 the rule allows
-    u(input) |z_i| (and the same for m); for T == 1 the division is exact. z_i - m rounds
-    (u |z_i - m|); exp adds EXP_ULPS u plus u |z_i - m| from the log2(e) scaling; the
-    sum s of n positive terms adds sum_error(n); the division adds u. An error d in
-    the exponent is a relative error d in y_i. Rows containing -inf: those entries
-    are exactly 0 and drop out of n (the check for them is exact, not toleranced).
+    u(input) |z_i| (and the same for the max m); for T == 1 the division is exact.
+    z_i - m rounds (u |z_i - m|); exp adds EXP_ULPS u plus u |z_i - m| from the
+    log2(e) scaling; the sum s of n positive terms adds sum_error(n); the division
+    adds u. Each is an error in log y_i. Entries that are -inf are exactly 0 and drop
+    out of n (a separate, exact check covers them).
     """
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"):
         z = x / temperature
         finite = np.isfinite(z)
         zf = np.where(finite, z, 0.0)
         m = np.max(np.where(finite, z, -np.inf), axis=-1, keepdims=True)
         m = np.where(np.isfinite(m), m, 0.0)
+        log_y = np.where(finite, zf - m, -np.inf) - np.log(np.sum(np.where(finite, np.exp(zf - m), 0.0),
+                                                                   axis=-1, keepdims=True))
     n = finite.sum(axis=-1, keepdims=True)
     divide = (unit_roundoff(p.dtype) if temperature != 1 else 0.0) * (np.abs(zf) + np.abs(m))
     exponent = np.abs(zf) + np.abs(m) + 2 * np.abs(zf - m)
-    return p.store + SAFETY * (divide + p.compute * (exponent + EXP_ULPS + 1) + sum_error(n, p.compute))
+    err = SAFETY * (divide + p.compute * (exponent + EXP_ULPS + 1) + sum_error(n, p.compute))
+    return err, log_y
+
+
+def softmax_allowance(x: np.ndarray, temperature: float, p: Precision) -> np.ndarray:
+    """Error of y_i from its exponent error E_i, before the final store.
+
+    An error of at most E in log y_i moves y_i = e^{log y_i} by at most
+    e^{log y_i + E} (1 - e^{-E}), capped at 1: for small E that is y_i E, and for
+    large E (inputs whose rounding can reorder the logits, e.g. ties created by
+    rounding x / T in bf16) it correctly grows to the whole [0, 1] range.
+    """
+    err, log_y = softmax_exponent_error(x, temperature, p)
+    with np.errstate(over="ignore"):
+        return np.minimum(1.0, np.exp(log_y + err)) * -np.expm1(-err)
 
 
 def softmax(x: np.ndarray, y: np.ndarray, temperature: float, p: Precision) -> np.ndarray:
-    """Allowed absolute error of each softmax output."""
-    return softmax_relative(x, temperature, p) * np.abs(y) + p.floor
+    """Allowed absolute error of each softmax output: the exponent error, the store."""
+    return softmax_allowance(x, temperature, p) + p.store * np.abs(y) + p.floor
 
 
 def softmax_grad(x: np.ndarray, y: np.ndarray, dy: np.ndarray, dx: np.ndarray,
                  temperature: float, p: Precision) -> np.ndarray:
     """Allowed absolute error of dx = y * (dy - <dy, y>) / T.
 
-    The backward reads the saved output y, already carrying its relative error r_i;
-    the inner product <dy, y> then errs by sum_j |dy_j y_j| (r_j + sum_error(n)),
-    and y_i (dy_i - <dy, y>) by r_i |y_i| |dy_i - <dy, y>| plus that; the result is
-    stored (u(out) |dx_i|).
+    The backward reads the saved output y, already off by a_j = the forward
+    allowance (exponent error, store rounding, and the underflow floor: a y_j in
+    fp16's subnormal range is only good to its spacing, which a large dy_j
+    amplifies); <dy, y> then errs by sum_j |dy_j| a_j + sum_j |dy_j y_j| sum_error(n),
+    y_i (dy_i - <dy, y>) by a_i |dy_i - <dy, y>| + |y_i| times that; the result is
+    rounded on the way (the division by T in the input dtype, the store).
     """
-    r = softmax_relative(x, temperature, p)
+    a = softmax(x, y, temperature, p)
     n = np.isfinite(x).sum(axis=-1, keepdims=True)
-    dy_y = np.abs(dy * y)
     inner = np.sum(dy * y, axis=-1, keepdims=True)
-    inner_err = np.sum(dy_y * (r + sum_error(n, p.compute)), axis=-1, keepdims=True)
-    bound = (r * np.abs(y) * (np.abs(dy - inner) + np.abs(dy)) + np.abs(y) * inner_err) / temperature
-    return SAFETY * bound + p.store * np.abs(dx) + p.floor
+    inner_err = np.sum(np.abs(dy) * a + np.abs(dy * y) * sum_error(n, p.compute), axis=-1, keepdims=True)
+    bound = (a * (np.abs(dy - inner) + inner_err) + np.abs(y) * inner_err) / temperature
+    return SAFETY * bound + 2 * p.store * np.abs(dx) + p.floor
 
 
 def row_sum(allowed: np.ndarray) -> np.ndarray:

@@ -1,0 +1,81 @@
+"""Failing cases people can act on, and the tolerance report.
+
+A mutant's failure must come with a case in words, a replay command and a
+standalone script that reproduces it; a run must write the JSON, Markdown and HTML
+reports in the documented schema.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from properties import harness, registry, report, selfcheck
+from properties.config import CONFIG
+from properties.strategies import Case, TensorSpec
+
+
+@pytest.fixture
+def report_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(CONFIG, "report_dir", tmp_path)
+    return tmp_path
+
+
+def _failing_target():
+    op = registry.load()["softmax"]
+    m = next(m for m in selfcheck.mutants() if m.name == "padded_lanes_zero")
+    check = next(c for c in op.checks if c.name == "matches_reference")
+    return harness.Target(op, selfcheck.as_implementation(m), __import__("torch").float32, check)
+
+
+CASE = Case("softmax", "float32", ("x", "temperature"),
+            {"x": TensorSpec((2, 5), "float32", "normal", 1.0, 0)}, {"temperature": 1.0})
+
+
+def test_failure_names_the_case_the_worst_element_and_a_replay_command(report_dir):
+    with pytest.raises(AssertionError) as info:
+        _failing_target().run(CASE)
+    text = str(info.value)
+    for part in ("worst at index", "expected", "allowed", "x the tolerance",
+                 "x: shape [2, 5] float32, normal scale=1, seed 0", "replay: python -m properties.replay"):
+        assert part in text, f"{part!r} missing from:\n{text}"
+
+
+def test_standalone_script_reproduces_the_failure(report_dir):
+    with pytest.raises(AssertionError):
+        _failing_target().run(CASE)
+    script = next(report_dir.glob("failures/*.py"))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "softmax output y: max |error|" in done.stdout and "FAILED: does not match" in done.stdout
+
+
+def test_replay_module_reproduces_the_failure(report_dir):
+    with pytest.raises(AssertionError):
+        _failing_target().run(CASE)
+    from properties import replay
+    assert replay.main([str(next(report_dir.glob("failures/*.json")))]) == 1
+
+
+def test_reports_follow_the_schema(tmp_path):
+    collector = report.Collector()
+    target = _failing_target()
+    from properties.oracle import compare
+    import numpy as np
+    import torch
+    sink = collector.sink(target, CASE)
+    sink(compare("y", torch.tensor([1.0, 2.0]), np.array([1.0, 2.5]), np.array([0.1, 0.1])))
+    collector.dump(tmp_path / "parts", "main")
+    data = report.build(tmp_path, [{"test": "t", "outcome": "skipped", "reason": "r"}], {"backend": "interpret"})
+    report.write(tmp_path, data)
+    loaded = json.loads((tmp_path / "report.json").read_text())
+    assert loaded["schema_version"] == report.SCHEMA_VERSION
+    (row,) = loaded["outputs"]
+    for key in ("op", "impl", "dtype", "backend", "output", "examples", "failed", "max_abs", "p99_abs", "max_rel",
+                "p99_rel", "max_ulp", "p99_ulp", "max_headroom", "allowed_at_worst", "closest_case", "points"):
+        assert key in row
+    assert row["max_headroom"] == pytest.approx(5.0) and row["failed"] == 1
+    assert Case.from_json(row["closest_case"]["case"]).to_json() == CASE.to_json()
+    assert "| softmax | padded_lanes_zero | float32 | y |" in (tmp_path / "report.md").read_text()
+    html = (tmp_path / "report.html").read_text()
+    assert "<canvas" in html and "padded_lanes_zero" in html

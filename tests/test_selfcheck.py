@@ -1,0 +1,32 @@
+"""The suite against planted bugs and correct controls (properties/selfcheck.py).
+
+Every mutant must fail every check it claims to be killed by; every control must
+pass every check in every dtype. The kill rate is printed at the end of the run.
+"""
+import pytest
+
+from properties import registry, selfcheck
+
+MUTANTS = selfcheck.mutants()
+CONTROLS = selfcheck.controls()
+OPS = registry.load()
+
+
+@pytest.mark.parametrize("mutant,check", [
+    pytest.param(m, c, id=f"{m.op}.{m.name}-{c}") for m in MUTANTS for c in m.kills])
+def test_mutant_killed(mutant, check):
+    verdict = selfcheck.kill(mutant, check)
+    assert verdict.failed, f"mutant {mutant.op}.{mutant.name} ({mutant.bug}) {verdict.text}"
+    print(f"\n{mutant.op}.{mutant.name} killed by {check} in {verdict.dtype}:\n{verdict.text}")
+
+
+@pytest.mark.parametrize("control,dtype,check", [
+    pytest.param(c, d, k, id=f"{c.op}.{c.name}-{str(d).replace('torch.', '')}-{k.name}")
+    for c in CONTROLS for d in OPS[c.op].dtypes for k in OPS[c.op].checks])
+def test_control_passes(control, dtype, check):
+    op = OPS[control.op]
+    reason = selfcheck.runnable(op, control, check, dtype)
+    if reason:
+        pytest.skip(reason)
+    verdict = selfcheck.hunt(op, control, check, dtype, selfcheck.CONTROL_EXAMPLES)
+    assert not verdict.failed, f"control {control.name} fails {check.name}: {verdict.text}"

@@ -1,0 +1,85 @@
+"""The strategies draw what they promise, rebuild bit for bit, and shrink to readable cases."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
+
+from properties.strategies import Case, Layout, TensorSpec, block_edges, layouts, sizes, tensors
+
+
+def test_layout_is_a_view_with_the_promised_strides():
+    values = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4)
+    t = Layout(order=(0, 2, 1), step_dim=2, step=2, offset=7).apply(values)
+    assert torch.equal(t, values)
+    assert t.storage_offset() == 7
+    assert t.stride() == (24, 1, 6)  # dim 1 innermost; dim 2 stepped by 2 over 3 rows
+
+
+def test_layout_gaps_hold_nan():
+    t = Layout(order=(0,), step_dim=0, step=3, offset=2).apply(torch.ones(5))
+    storage = t.as_strided((t.untyped_storage().nbytes() // 4,), (1,), 0)
+    assert torch.isnan(storage).sum() == storage.numel() - 5
+
+
+@given(spec=tensors((3, 17), torch.float16, families=("normal", "outlier", "neg_inf_tail"),
+                    specials=(0.0, -math.inf)))
+@settings(max_examples=30, deadline=None)
+def test_materialise_is_deterministic_and_json_round_trips(spec):
+    again = TensorSpec.from_json(spec.to_json())
+    assert again == spec
+    a, b = spec.materialise(), again.materialise()
+    assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)) and a.dtype == torch.float16
+
+
+def test_case_json_round_trip():
+    spec = TensorSpec((4,), "float32", "normal", 1e3, 5, None, ((1, -math.inf),))
+    case = Case("softmax", "float32", ("x", "temperature"), {"x": spec}, {"temperature": 0.5})
+    assert Case.from_json(case.to_json()).to_json() == case.to_json()
+
+
+def test_sizes_reach_past_a_block():
+    seen = set()
+
+    @given(sizes(1, 300, blocks=(64,)))
+    @settings(max_examples=200, deadline=None, database=None)
+    def collect(n):
+        seen.add(n)
+
+    collect()
+    assert set(block_edges(1, 300, (64,))) <= seen | {63, 64, 65, 129} and 65 in seen and 1 in seen
+
+
+def test_a_failure_past_one_block_shrinks_to_one_past_the_block():
+    """The minimal case of 'breaks past one block' is the first size past it."""
+    assert find(sizes(1, 5000, blocks=(1024,)), lambda n: n > 1024) == 1025
+
+
+def test_a_layout_failure_shrinks_to_the_simplest_bad_layout():
+    """A bug on non-contiguous input shrinks to a single departure from contiguous."""
+    bad = find(layouts(3), lambda lay: not lay.contiguous)
+    departures = (bad.order != (0, 1, 2)) + (bad.step > 1) + (bad.offset > 0)
+    assert departures == 1
+
+
+def test_families_shrink_toward_normal_and_injections_toward_none():
+    spec = find(tensors((8,), torch.float32, families=("normal", "near_max"), specials=(1.0, -math.inf)),
+                lambda s: True)
+    assert spec.family == "normal" and spec.injections == () and spec.seed == 0 and spec.scale == 1.0
+
+
+@pytest.mark.parametrize("family", ["near_max", "tiny", "offset", "neg_inf_tail"])
+def test_value_families_draw_what_they_say(family):
+    t = TensorSpec((4, 64), "float16", family, 1.0, 3).materialise()
+    v = t.double().numpy()
+    info = torch.finfo(torch.float16)
+    if family == "near_max":
+        assert np.all(np.abs(v) >= info.max / 2) and np.all(np.isfinite(v))
+    elif family == "tiny":
+        assert np.all(np.abs(v) < 32 * info.tiny)
+    elif family == "offset":
+        assert abs(abs(v.mean()) - 1e4) < 10
+    else:
+        assert np.isneginf(v).any() and np.isfinite(v[:, 0]).all()
