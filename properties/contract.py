@@ -20,9 +20,28 @@ def markdown_table() -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+START, END = "<!-- contract:start -->", "<!-- contract:end -->"
+
+
+def readme_with_table(text: str) -> str:
+    """``text`` (the README) with the table between its markers replaced by the current one."""
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    return f"{head}{START}\n{markdown_table()}\n{END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    from pathlib import Path
+    parser = argparse.ArgumentParser(prog="python -m properties.contract")
+    parser.add_argument("--write-readme", action="store_true", help="refresh the table in README.md")
+    args = parser.parse_args(argv)
     backend.select("interpret")  # listing needs no GPU
-    print(markdown_table())
+    if args.write_readme:
+        readme = Path(__file__).resolve().parents[1] / "README.md"
+        readme.write_text(readme_with_table(readme.read_text()))
+    else:
+        print(markdown_table())
 
 
 if __name__ == "__main__":

@@ -72,3 +72,10 @@ def test_numpy_and_torch_references_agree(name):
                                        err_msg=f"{name}.{out}")
 
     agree()
+
+
+def test_readme_contract_table_is_generated_from_the_registry():
+    from properties import contract
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert contract.readme_with_table(readme) == readme, (
+        "README.md's contract table is stale: run `python -m properties.contract --write-readme`")
