@@ -173,7 +173,10 @@ _HTML = """<!doctype html><html><head><meta charset="utf-8"><title>{{TITLE}}</ti
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:nth-child(-n+4){text-align:left}
 canvas{border:1px solid #ddd;margin:8px 16px 8px 0}.legend span{margin-right:14px}</style></head><body>
 <h1>{{TITLE}}</h1><p><small>{{META}}</small></p>
-<h2>Headroom per output (largest error / allowed; 1 fails)</h2><canvas id="bars" width="900" height="320"></canvas>
+<h2>Headroom per output (largest error / allowed; 1 fails)</h2>
+<p class="legend"><span style="color:#1f77b4">&#9632; float32</span><span style="color:#d62728">&#9632; float16</span>
+<span style="color:#2ca02c">&#9632; bfloat16</span><span>&#9632; black: failed</span></p>
+<canvas id="bars" width="900" height="420"></canvas>
 <h2>Relative error against problem size, per dtype</h2><div id="scatter"></div>
 <h2>All outputs</h2><table><tr><th>op</th><th>impl</th><th>dtype</th><th>output</th><th>examples</th>
 <th>max abs</th><th>max rel</th><th>max ULP</th><th>headroom</th></tr>{{ROWS}}</table>
@@ -184,12 +187,11 @@ const colors = {float32:"#1f77b4", float16:"#d62728", bfloat16:"#2ca02c"};
 function log10(v){return Math.log(v)/Math.LN10}
 (function bars(){
   const c=document.getElementById("bars"), g=c.getContext("2d"), n=data.length; if(!n) return;
-  c.width=Math.max(900, n*22+80); const W=c.width-60, H=240, x0=50, y0=20;
+  const bw=Math.min(40, Math.max(14, 1100/n)); c.width=n*bw+200; const W=n*bw, H=240, x0=50, y0=20;
   const lo=-6, hi=1; const y=v=>y0+H-(Math.min(Math.max(log10(Math.max(v,1e-6)),lo),hi)-lo)/(hi-lo)*H;
   g.font="10px sans-serif"; g.strokeStyle="#999";
   for(let e=lo;e<=hi;e++){g.fillText("1e"+e,4,y(Math.pow(10,e))+3); g.beginPath(); g.moveTo(x0,y(Math.pow(10,e))); g.lineTo(x0+W,y(Math.pow(10,e))); g.stroke();}
   g.strokeStyle="#000"; g.beginPath(); g.moveTo(x0,y(1)); g.lineTo(x0+W,y(1)); g.stroke();
-  const bw=W/n;
   data.forEach((d,i)=>{g.fillStyle=d.headroom>1?"#000":colors[d.dtype]||"#888"; const top=y(d.headroom);
     g.fillRect(x0+i*bw+2, top, bw-4, y0+H-top);
     g.save(); g.translate(x0+i*bw+bw/2, y0+H+6); g.rotate(Math.PI/3); g.fillStyle="#333"; g.fillText(d.label+" "+d.dtype,0,0); g.restore();});
@@ -208,7 +210,8 @@ function log10(v){return Math.log(v)/Math.LN10}
     const xl=Math.floor(Math.min(...xs)), xh=Math.ceil(Math.max(...xs))||1, yl=Math.floor(Math.min(...ys)), yh=Math.ceil(Math.max(...ys));
     const X=v=>x0+(v-xl)/Math.max(xh-xl,1)*W, Y=v=>y0+H-(v-yl)/Math.max(yh-yl,1)*H;
     g.strokeStyle="#999"; g.strokeRect(x0,y0,W,H);
-    for(let e=yl;e<=yh;e++) g.fillText("1e"+e,8,Y(e)+4);
+    const step=Math.max(1, Math.ceil((yh-yl)/8));
+    for(let e=yl;e<=yh;e+=step) g.fillText("1e"+e,8,Y(e)+4);
     for(let e=xl;e<=xh;e++) g.fillText("1e"+e,X(e)-10,y0+H+14);
     g.fillStyle=colors[dt]||"#888";
     pts.forEach((p,i)=>{g.beginPath(); g.arc(X(xs[i]),Y(ys[i]),2.5,0,7); g.fill();});
