@@ -38,6 +38,8 @@ def pytest_addoption(parser):
     group.addoption("--impl", action="append", default=[], metavar="OP=module:function",
                     help="test this function for OP instead of the project's kernel (repeatable); only the ops named run")
     group.addoption("--report-dir", default="reports", help="where the tolerance report and failing cases go")
+    group.addoption("--max-examples", type=int, default=None,
+                    help="examples per test, overriding the profile's (sizes still follow the profile)")
     group.addoption("--list-ops", action="store_true", help="print the contract table of every op and exit")
 
 
@@ -52,6 +54,10 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     profile = config.getoption("hypothesis_profile", None) or ("gpu" if chosen == "cuda" else "ci")
     settings.load_profile(profile)
+    if config.getoption("--max-examples"):
+        settings.register_profile(f"{profile}-capped", parent=settings.get_profile(profile),
+                                  max_examples=config.getoption("--max-examples"))
+        settings.load_profile(f"{profile}-capped")
     CONFIG.size = PROFILE_SIZES.get(profile, "small")
     CONFIG.report_dir = Path(config.getoption("--report-dir"))
     CONFIG.ops = tuple(config.getoption("--op")) or None

@@ -13,7 +13,7 @@ log() { echo "== $(date +%T) $*" | tee -a "$OUT/gpu/run.log"; }
 log "device: $(python3 -c 'import torch, triton; print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)')"
 log "suite, gpu profile"
 start=$(date +%s)
-timeout "$SUITE_S" python3 -m pytest tests/test_checks.py -n "$WORKERS" --hypothesis-profile gpu \
+timeout "$SUITE_S" python3 -m pytest tests/test_checks.py -n "$WORKERS" --hypothesis-profile gpu --max-examples "${EXAMPLES:-100}" \
     --report-dir "$OUT/gpu/report" -q -rs --tb=short -p no:randomly > "$OUT/gpu/suite.log" 2>&1
 echo "suite exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu/run.log"
 tail -n 60 "$OUT/gpu/suite.log"
