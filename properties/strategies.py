@@ -33,7 +33,7 @@ FAMILIES = (
     "neg_inf_tail",  # normal, each row -inf from a random column on (a padding mask)
 )
 SCALES = (1.0, 1e-3, 1e-1, 10.0, 1e3)
-GARBAGE = float("nan")  # fills the gaps of strided layouts: any read of a gap shows
+GARBAGE = float("nan")  # fills the gaps of strided layouts: any read of a gap shows (ints: their min)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -110,7 +110,8 @@ class Layout:
         alloc = list(physical)
         alloc[inner] *= self.step
         count = math.prod(alloc)
-        buf = torch.full((self.offset + count,), GARBAGE, dtype=values.dtype, device=values.device)
+        garbage = GARBAGE if values.dtype.is_floating_point else torch.iinfo(values.dtype).min
+        buf = torch.full((self.offset + count,), garbage, dtype=values.dtype, device=values.device)
         view = buf[self.offset:].view(alloc)
         index = [slice(None)] * len(alloc)
         index[inner] = slice(None, None, self.step)
@@ -188,11 +189,29 @@ def _family_values(rng: np.random.Generator, shape: tuple[int, ...], family: str
         n = shape[-1] if shape else 1
         starts = rng.integers(1, n + 1, shape[:-1])  # keep at least one finite entry per row
         v[np.arange(n) >= np.asarray(starts)[..., None]] = -np.inf
+    elif family in ("cos_of_angles", "sin_of_angles"):
+        theta = _rope_angles(rng, shape, scale)
+        v = np.cos(theta) if family == "cos_of_angles" else np.sin(theta)
     elif family == "indices":
         v = rng.integers(0, int(scale), shape).astype(np.float64)
     else:
         raise ValueError(f"unknown value family {family!r}; known: {', '.join(FAMILIES)}")
     return np.clip(v, -cap, cap, where=np.isfinite(v), out=v)
+
+
+ROPE_BASE = 10000.0
+
+
+def _rope_angles(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
+    """Angles theta for a [S, D/2] rotary table: half the seeds the RoPE schedule
+    theta[s, i] = (p0 + s) * 10000^(-i / (D/2)) from a first position p0 in
+    [0, scale) (long-context offsets), the other half uniform in [-pi, pi)."""
+    s, half = shape
+    if rng.random() < 0.5:
+        p0 = int(rng.integers(0, max(1, int(scale))))
+        inv_freq = ROPE_BASE ** (-np.arange(half) / max(half, 1))
+        return (p0 + np.arange(s, dtype=np.float64))[:, None] * inv_freq[None, :]
+    return rng.uniform(-np.pi, np.pi, shape)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,201 @@
+"""rope(x, cos, sin) and swiglu(gate, up): strategies, tolerance binding and properties."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+from hypothesis import assume
+from hypothesis import strategies as st
+
+from properties import tolerance
+from properties.config import CONFIG
+from properties.generic import UPSTREAM_FAMILIES, generic_checks, precision, run
+from properties.oracle import assert_close, to_numpy
+from properties.registry import Check, Implementation, OpSpec, register
+from properties.strategies import Case, Layout, TensorSpec, layouts, sizes, special_values, tensors
+from references import elementwise as ref
+
+# cos and sin must come from real angles, as every model builds them: the spine's
+# "cos_of_angles" / "sin_of_angles" families (properties/strategies.py) rebuild a
+# [S, D/2] table from its seed; a cos spec and a sin spec with the same seed, shape
+# and scale share theta.
+ANGLE_FAMILIES = ("cos_of_angles", "sin_of_angles")
+
+# ------------------------------------------------------------------------------ rope
+
+ROPE_PAIR_BLOCKS = (16, 128)  # the kernel's pair-block caps (interpreter, GPU)
+ROPE_ROW_TILES = (16, 128)  # rows per tile, 256 / BLOCK_P interpreted: 16 at the pair-block cap, 128 at D = 2
+TABLE_STARTS = (1.0, 4096.0, 2.0**20)  # first positions of the schedule: 0, up to 4k, up to 1M
+
+
+def _bshd(draw, base: Layout) -> Layout:
+    """Half the layouts are the [B, S, H, D] memory order seen as [B, H, S, D] (the
+    transposed view attention code passes), keeping base's step and offset."""
+    if draw(st.booleans()):  # shrinks toward False: base's order
+        return dataclasses.replace(base, order=(0, 2, 1, 3))
+    return base
+
+
+@st.composite
+def rope_cases(draw, dtype: torch.dtype) -> Case:
+    """x [B, H, S, D] with D even (pairs past one pair block included), tables
+    [S, D/2] of real angles in x's dtype or another float dtype (fp32 tables with
+    low-precision x are what models use).
+
+    The domain: |x| <= max / 2 of x's dtype: a rotated pair can grow one component
+    to sqrt(2) max|x| (x_2i c - x_2i+1 s with c = -s = 1/sqrt 2), which must not
+    overflow the dtype. x holds no inf or NaN (the contract does not define them).
+    """
+    half = draw(sizes(1, CONFIG.pick(40, 256), blocks=ROPE_PAIR_BLOCKS))
+    budget = CONFIG.pick(2**12, 2**21) // half  # B * H * S; x has 2 * half times as many elements
+    s = draw(sizes(1, max(1, min(CONFIG.pick(48, 8192), budget)), blocks=ROPE_ROW_TILES))
+    b = draw(sizes(1, max(1, min(CONFIG.pick(3, 8), budget // s))))
+    h = draw(sizes(1, max(1, min(CONFIG.pick(4, 64), budget // (s * b)))))
+    shape = (b, h, s, 2 * half)
+    cap = float(torch.finfo(dtype).max) / 2
+    x = draw(tensors(shape, dtype, families=("normal", "near_max", "tiny", "constant", "outlier", "offset"),
+                     max_magnitude=cap, specials=special_values(dtype, max_magnitude=cap), layout=False))
+    x = dataclasses.replace(x, layout=_bshd(draw, draw(layouts(4))))
+    others = tuple(d for d in (torch.float32, torch.bfloat16, torch.float16) if d != dtype)
+    table_dtype = draw(st.sampled_from((dtype,) + others))
+    seed = draw(st.integers(0, 2**32 - 1))
+    start = draw(st.sampled_from(TABLE_STARTS))
+    tables = {name: TensorSpec(shape=(s, half), dtype=str(table_dtype).replace("torch.", ""), family=family,
+                               scale=start, seed=seed, layout=draw(layouts(2)))
+              for name, family in zip(("cos", "sin"), ANGLE_FAMILIES)}
+    return Case("rope", str(dtype).replace("torch.", ""), ("x", "cos", "sin"), {"x": x, **tables})
+
+
+def rope_tolerance(case, inputs64, expected, p):
+    table = getattr(torch, case.tensors["cos"].dtype)
+    return {"y": tolerance.rope(inputs64["x"], inputs64["cos"], inputs64["sin"], expected["y"], table, p)}
+
+
+def rope_grad_tolerance(case, inputs64, outputs64, grads64, p):
+    # dx is the rotation of dy by -theta: the same two products and a sum per element.
+    table = getattr(torch, case.tensors["cos"].dtype)
+    return {"dx": tolerance.rope(inputs64["dy"], inputs64["cos"], -inputs64["sin"], grads64["x"], table, p)}
+
+
+def pair_norms_preserved(case: Case, impl: Implementation) -> None:
+    """Each interleaved pair (y_2i, y_2i+1) has the norm of (x_2i, x_2i+1): a rotation
+    preserves it. The tables are cos and sin of real angles rounded to their dtype, so
+    cos^2 + sin^2 is 1 within (1 + u_table)^2 and the exact rotation by the rounded
+    tables changes a pair's norm by a factor within 1 +- u_table; on top of that the
+    two outputs of the pair may err by their allowances."""
+    values, outs = run(case, impl)
+    x, c, s = (to_numpy(values[k]) for k in ("x", "cos", "sin"))
+    u_t = max(tolerance.unit_roundoff(values["cos"].dtype), tolerance.unit_roundoff(values["sin"].dtype))
+    assume(np.all(np.abs(c * c + s * s - 1) <= 2 * u_t + u_t**2))  # tables of real angles only
+    y = to_numpy(outs["y"])
+    allowed = tolerance.rope(x, c, s, ref.rope(x, c, s), values["cos"].dtype, precision(impl, case))
+    nx = np.hypot(x[..., 0::2], x[..., 1::2])
+    ny = np.hypot(y[..., 0::2], y[..., 1::2])
+    assert_close("|(y_2i, y_2i+1)|", torch.from_numpy(ny), nx,
+                 allowed[..., 0::2] + allowed[..., 1::2] + u_t * nx,
+                 what="rope changed the norm of an interleaved pair", dtype=getattr(torch, case.dtype), record=False)
+
+
+register(OpSpec(
+    name="rope",
+    signature="rope(x, cos, sin) -> y",
+    arguments=("x", "cos", "sin"),
+    outputs=("y",),
+    kernel="kernels.elementwise:rope",
+    reference=ref.rope,
+    torch_reference=ref.rope_torch,
+    cases=rope_cases,
+    tolerance=rope_tolerance,
+    grad_tolerance=rope_grad_tolerance,
+    grad_inputs=("x",),
+    grad_outputs=("y",),
+    output_shapes=lambda case: {"y": case.tensors["x"].shape},
+    checks=generic_checks(grad=True) + (
+        Check("pair_norms_preserved", pair_norms_preserved),
+    ),
+))
+
+# ---------------------------------------------------------------------------- swiglu
+
+SWIGLU_BLOCKS = (256, 1024)  # elements per program (interpreter, GPU)
+SWIGLU_FAMILIES = ("normal", "near_max", "tiny", "constant", "outlier", "offset")
+GATE_SLOPE_MAX = 1.1  # max over g of d(g sigmoid(g))/dg = s + g s (1 - s) (1.0998 at g ~ 2.4)
+
+
+def _swiglu_caps(dtype: torch.dtype) -> tuple[float, float]:
+    """(cap of |gate| and |up|, cap of |dy|) that keep y and both gradients finite.
+
+    The domain: y = gate sigmoid(gate) up, |y| <= |gate| |up|, finite in the dtype
+    (and so in fp32): |gate|, |up| <= A = sqrt(max / 2). The backward multiplies dy by
+    up (times at most GATE_SLOPE_MAX) and by gate sigmoid(gate): |dy| <= max / (2.2 A).
+    For fp16 that is A = 181, well past where sigmoid saturates (|gate| > 89 overflows
+    a naive exp(gate)); for fp32 and bf16 A = 1.3e19.
+    """
+    big = float(torch.finfo(dtype).max)
+    a = math.sqrt(big / 2)
+    return a, big / (2 * GATE_SLOPE_MAX * a)
+
+
+@st.composite
+def swiglu_cases(draw, dtype: torch.dtype) -> Case:
+    """gate and up of one shape (rank 1 to 3, sizes past one program's block), each
+    in any layout; large |gate| of both signs (sigmoid saturation), tiny, near the
+    domain's limit (:func:`_swiglu_caps`). No inf or NaN (the contract does not
+    define them: silu(-inf) is NaN)."""
+    n = draw(sizes(1, CONFIG.pick(600, 2**16), blocks=SWIGLU_BLOCKS))
+    max_rows = max(1, min(CONFIG.pick(8, 4096), CONFIG.pick(2**12, 2**22) // n))
+    lead = tuple(draw(st.lists(sizes(1, max_rows), max_size=2).filter(lambda d: math.prod(d) <= max_rows)))
+    shape = lead + (n,)
+    cap, _ = _swiglu_caps(dtype)
+    specials = special_values(dtype, max_magnitude=cap) + [100.0, -100.0, 88.0, -88.0]
+    gate, up = (draw(tensors(shape, dtype, families=SWIGLU_FAMILIES, max_magnitude=cap, specials=specials))
+                for _ in range(2))
+    return Case("swiglu", str(dtype).replace("torch.", ""), ("gate", "up"), {"gate": gate, "up": up})
+
+
+def _swiglu_with_upstream(op: OpSpec, dtype: torch.dtype) -> st.SearchStrategy[Case]:
+    """generic.with_upstream with dy inside the domain (|dy| capped, so the true
+    gradients are finite in the dtype)."""
+    _, dy_cap = _swiglu_caps(dtype)
+
+    def add(case: Case) -> st.SearchStrategy[Case]:
+        dy = tensors(case.tensors["gate"].shape, dtype, families=UPSTREAM_FAMILIES, scales=(1.0, 1e-3, 1e3),
+                     max_magnitude=dy_cap)
+        return dy.map(lambda t: case.replace(tensors={"dy": t}))
+
+    return op.cases(dtype).flatmap(add)
+
+
+def swiglu_tolerance(case, inputs64, expected, p):
+    return {"y": tolerance.swiglu(inputs64["gate"], inputs64["up"], expected["y"], p)}
+
+
+def swiglu_grad_tolerance(case, inputs64, outputs64, grads64, p):
+    a_gate, a_up = tolerance.swiglu_grad(inputs64["gate"], inputs64["up"], inputs64["dy"], grads64["gate"],
+                                         grads64["up"], p)
+    return {"dgate": a_gate, "dup": a_up}
+
+
+def _swiglu_checks() -> tuple[Check, ...]:
+    return tuple(dataclasses.replace(c, cases=_swiglu_with_upstream) if c.cases is not None else c
+                 for c in generic_checks(grad=True))
+
+
+register(OpSpec(
+    name="swiglu",
+    signature="swiglu(gate, up) -> y",
+    arguments=("gate", "up"),
+    outputs=("y",),
+    kernel="kernels.elementwise:swiglu",
+    reference=ref.swiglu,
+    torch_reference=ref.swiglu_torch,
+    cases=swiglu_cases,
+    tolerance=swiglu_tolerance,
+    grad_tolerance=swiglu_grad_tolerance,
+    grad_inputs=("gate", "up"),
+    grad_outputs=("y",),
+    output_shapes=lambda case: {"y": case.tensors["gate"].shape},
+    checks=_swiglu_checks(),
+))
