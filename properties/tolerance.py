@@ -169,3 +169,237 @@ def ulp(values: np.ndarray, dtype: torch.dtype) -> np.ndarray:
 
 def headroom_text(ratio: float) -> str:
     return "inf" if not math.isfinite(ratio) else f"{ratio:.3g}"
+
+
+# ---------------------------------------------------------------------- cross_entropy
+# (losses and elementwise families: cross_entropy, rope, swiglu)
+
+def _cross_entropy_parts(logits: np.ndarray):
+    """Per row of logits [M, V] (fp64): finite mask, max m over the finite entries (0 if
+    none), log S with S = sum_j exp(z_j - m) (>= 1 when a finite entry exists), lse,
+    the number n of finite entries and spread = sum_j w_j |z_j - m| with the softmax
+    weights w_j (a weighted mean of the exp arguments, at most log n + 1)."""
+    finite = np.isfinite(logits)
+    z = np.where(finite, logits, 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        m = np.max(np.where(finite, logits, -np.inf), axis=-1)
+        m = np.where(np.isfinite(m), m, 0.0)
+        d = np.where(finite, z - m[:, None], -np.inf)
+        e = np.exp(d)
+        s = e.sum(axis=-1)
+        live = s > 0
+        log_s = np.log(np.where(live, s, 1.0))
+        w = e / np.where(live, s, 1.0)[:, None]
+        spread = np.sum(np.where(finite, w * np.abs(np.where(finite, d, 0.0)), 0.0), axis=-1)
+    return finite, m, log_s, m + log_s, finite.sum(axis=-1), spread
+
+
+def cross_entropy_lse_error(logits: np.ndarray, p: Precision) -> np.ndarray:
+    """Bound on the absolute error of an fp32 logsumexp of each row of ``logits``.
+
+    lse = m + log S, S = sum_j exp(z_j - m), computed in fp32 whatever the input
+    dtype (kernels load and upcast; the control upcasts with ``.float()`` first), so
+    nothing here depends on the logits' dtype. Term by term, as errors in lse (an
+    error r relative in S is an error r in log S):
+
+    * z_j - m rounds (u |z_j - m|) and exp adds EXP_ULPS u plus u |z_j - m| from the
+      log2(e) scaling: a relative error u (2 |z_j - m| + EXP_ULPS) of term j, which
+      enters S with the term's weight w_j, so 2 u sum_j w_j |z_j - m| + EXP_ULPS u.
+    * The sum of n positive terms: sum_error(n). An online (or blocked, or split)
+      logsumexp also rescales partial sums by exp(m_old - m_new) when the running max
+      grows; each such step costs (EXP_ULPS + 1) u instead of the u of an addition,
+      and a term goes through at most as many steps as the partial sums it is part
+      of, the count sum_error(n) already bounds: (EXP_ULPS + 2) sum_error(n).
+    * log S: EXP_ULPS u (log S + 1) (the 1: the absolute error of GPU lg2.approx
+      near S = 1); m + log S rounds: u |lse|; an implementation may instead form
+      z_j - m for every j and add m back (log_softmax), u |m| more.
+    """
+    _, m, log_s, lse, n, spread = _cross_entropy_parts(logits)
+    u = p.compute
+    return SAFETY * (u * (2 * spread + EXP_ULPS + (EXP_ULPS + 1) * (log_s + 1) + np.abs(m) + np.abs(lse))
+                     + (EXP_ULPS + 2) * sum_error(n, u))
+
+
+def cross_entropy(logits: np.ndarray, target: np.ndarray, ignore_index: int, loss: np.ndarray,
+                  p: Precision) -> np.ndarray:
+    """Allowed absolute error of each loss[i] = lse[i] - logits[i, target[i]] (float32).
+
+    The lse error (:func:`cross_entropy_lse_error`), then the subtraction in fp32:
+    u |loss|, plus u (|x_t| + |m|) for the log_softmax form (x_t - m) - log S that
+    ``F.cross_entropy`` uses. The loss is stored in float32 whatever the logits'
+    dtype, so the input dtype's unit roundoff never enters. Ignored rows must be
+    exactly 0: allowance 0. A target on a -inf logit gives +inf (compared exactly).
+    """
+    target = np.asarray(target).astype(np.int64)
+    finite, m, _, _, _, _ = _cross_entropy_parts(logits)
+    rows = np.arange(logits.shape[0])
+    ignored = target == ignore_index
+    x_t = logits[rows, np.where(ignored, 0, target)]
+    x_t = np.where(np.isfinite(x_t), x_t, 0.0)
+    lf = np.where(np.isfinite(loss), loss, 0.0)
+    u = p.compute
+    allowed = (cross_entropy_lse_error(logits, p) + SAFETY * u * (np.abs(x_t) + np.abs(m) + np.abs(lf))
+               + float(torch.finfo(torch.float32).tiny))
+    return np.where(ignored, 0.0, allowed)
+
+
+def cross_entropy_grad(logits: np.ndarray, target: np.ndarray, ignore_index: int, dloss: np.ndarray,
+                       dlogits: np.ndarray, p: Precision) -> np.ndarray:
+    """Allowed absolute error of dlogits[i, j] = dloss[i] (p_ij - [j == target[i]]).
+
+    p_ij = exp(z_j - lse) from an fp32 lse (saved by the forward, or the
+    log_softmax output): the exponent errs by the lse error plus u (2 |z_j - lse|
+    + EXP_ULPS) (rounding of z_j - lse and exp's own error). As for softmax, an
+    exponent error E moves p by at most min(1, p e^E) (1 - e^-E): p E when E is small,
+    and at most the whole [0, 1] when it is not (logits near the fp32 range, where u
+    |lse| exceeds 1, leave the fp32 probabilities without a correct digit). Then
+    p - onehot rounds (u |g|), the product with dloss rounds (u |dx|), and the result
+    is stored in the logits' dtype (store |dx|, one rounding into its subnormals:
+    floor). Ignored rows must be exactly 0.
+    """
+    target = np.asarray(target).astype(np.int64)
+    finite, _, _, lse, _, _ = _cross_entropy_parts(logits)
+    rows = np.arange(logits.shape[0])
+    ignored = target == ignore_index
+    onehot = np.zeros_like(logits)
+    onehot[rows[~ignored], target[~ignored]] = 1.0
+    u = p.compute
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        arg = np.where(finite, logits - lse[:, None], -np.inf)
+        e = (cross_entropy_lse_error(logits, p)[:, None]
+             + SAFETY * u * (2 * np.abs(np.where(finite, arg, 0.0)) + EXP_ULPS))
+        p_err = np.minimum(1.0, np.exp(arg + e)) * -np.expm1(-e)
+        g = np.exp(arg) - onehot
+    dl = np.abs(np.asarray(dloss, dtype=np.float64))[:, None]
+    dx = np.where(np.isfinite(dlogits), np.abs(dlogits), 0.0)
+    allowed = dl * (p_err + SAFETY * u * np.abs(g)) + SAFETY * u * dx + p.store * dx + p.floor
+    return np.where(ignored[:, None], 0.0, allowed)
+
+
+# ----------------------------------------------------------------------- rope, swiglu
+
+def _elementwise_subnormal_spacing(dtype: torch.dtype) -> float:
+    info = torch.finfo(dtype)
+    return float(info.tiny) * float(info.eps)
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, y: np.ndarray, table_dtype: torch.dtype,
+         p: Precision) -> np.ndarray:
+    """Allowed absolute error of each rope output (and of dx, with dy for x and dx for y).
+
+    y_2i = x_2i c - x_2i+1 s, y_2i+1 = x_2i s + x_2i+1 c: two products and a sum.
+    In fp32 (the kernel: tables and x loaded and upcast exactly) that is
+    u32 (|x_2i c| + |x_2i+1 s|) + u32 |y|, then the store in x's dtype. The plain
+    PyTorch form, as users write it (``torch_rope``), casts the tables to x's dtype
+    (u(x) per table entry, unless the cast is exact: same dtype, or x in float32) and
+    rounds each product and the sum in x's dtype, so the rule allows
+    (u_cast + u(x)) (|x_2i c| + |x_2i+1 s|) on top of the store: the kernel is held to
+    the accuracy a user gets from PyTorch, not to the tighter bound its fp32
+    arithmetic reaches. Near underflow, each of the two products may round into x's
+    subnormals (one floor each) besides the store (one more).
+    """
+    u_in = unit_roundoff(p.dtype)
+    u_cast = u_in if (table_dtype != p.dtype and p.dtype != torch.float32) else 0.0
+    xa, xb = x[..., 0::2], x[..., 1::2]
+    prod = np.empty_like(x)
+    prod[..., 0::2] = np.abs(xa * cos) + np.abs(xb * sin)
+    prod[..., 1::2] = np.abs(xa * sin) + np.abs(xb * cos)
+    return SAFETY * (u_cast + u_in) * prod + p.store * np.abs(y) + 3 * p.floor
+
+
+def _swiglu_sigmoid_parts(g: np.ndarray):
+    """sigmoid(g), 1 - sigmoid(g) and exp(-|g|), all exact in fp64 (no cancellation)."""
+    e = np.exp(-np.abs(g))
+    s = np.where(g >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    one_minus = np.where(g >= 0, e / (1.0 + e), 1.0 / (1.0 + e))
+    return s, one_minus, e
+
+
+def _swiglu_sigmoid_error(g: np.ndarray, u: float) -> np.ndarray:
+    """Relative error bound of an fp32 sigmoid s(g) from e = exp(-|g|).
+
+    e errs by u (EXP_ULPS + |g|) relative (exp and the log2(e) scaling of its
+    argument); through s = 1 / (1 + e) or e / (1 + e) that becomes a relative error
+    (1 - s) times as large. 1 + e and the division round (2 u), except that for
+    g >= 0 and e below u, 1 + e rounds to 1 with an error of e, not u: 2 min(u, e).
+    """
+    s, one_minus, e = _swiglu_sigmoid_parts(g)
+    rounding = np.where(g >= 0, 2 * np.minimum(u, e), 2 * u)
+    return u * (EXP_ULPS + np.abs(g)) * one_minus + rounding
+
+
+def _swiglu_flush(g: np.ndarray) -> np.ndarray:
+    """Where sigmoid(g) is below fp32's smallest normal (g < -87.3): an fp32
+    intermediate that may be flushed to zero (FTZ in GPU exp), and which
+    ``torch.sigmoid``/``F.silu`` turn into 0 already at g < -88.7 (exp(-g) overflows
+    to inf); the products that carry it then lose their whole value."""
+    s, _, _ = _swiglu_sigmoid_parts(g)
+    return s < float(torch.finfo(torch.float32).tiny)
+
+
+def _swiglu_subnormal_read(v: np.ndarray) -> np.ndarray:
+    """How far an operand may be misread: 2 tiny(fp32) where it is nonzero and below
+    fp32's smallest normal, else 0. FTZ arithmetic (GPU .ftz instructions) reads such
+    an operand as 0; the Triton interpreter's bf16 -> fp32 conversion garbles it into
+    another value below tiny(fp32) (``_convert_float`` normalises the subnormal
+    significand, then clamps the exponent at 0 without shifting it back). Either way
+    the operand is off by less than 2 tiny(fp32), which a product with a large factor
+    (swiglu's gate up to 1.3e19) turns into a visible error."""
+    tiny = float(torch.finfo(torch.float32).tiny)
+    return np.where((v != 0) & (np.abs(v) < tiny), 2 * tiny, 0.0)
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray, y: np.ndarray, p: Precision) -> np.ndarray:
+    """Allowed absolute error of y = gate sigmoid(gate) up.
+
+    The fp32 sigmoid's relative error (:func:`_swiglu_sigmoid_error`), two products
+    (2 u), the store. ``F.silu(gate) * up``, as users write it, rounds silu(gate) to the
+    input dtype before the product: one more u(input) |y|, and u(input)'s subnormal
+    spacing times |up| where silu(gate) is tiny. Where sigmoid(gate) is below fp32's
+    smallest normal, y may be flushed to 0 (:func:`_swiglu_flush`). A subnormal gate
+    or up may be misread by 2 tiny(fp32) (:func:`_swiglu_subnormal_read`), times the
+    partial derivative of y in it (|gate sigmoid(gate)| for up, at most 1.1 |up| for gate).
+    """
+    u = p.compute
+    ay = np.abs(y)
+    allowed = (SAFETY * (_swiglu_sigmoid_error(gate, u) + 2 * u) * ay + unit_roundoff(p.dtype) * ay
+               + _elementwise_subnormal_spacing(p.dtype) * np.abs(up) + p.store * ay + p.floor)
+    s, _, _ = _swiglu_sigmoid_parts(gate)
+    allowed = (allowed + _swiglu_subnormal_read(up) * np.abs(gate * s)
+               + _swiglu_subnormal_read(gate) * 1.1 * np.abs(up))
+    return np.where(_swiglu_flush(gate), np.maximum(allowed, ay + p.floor), allowed)
+
+
+def swiglu_grad(gate: np.ndarray, up: np.ndarray, dy: np.ndarray, dgate: np.ndarray, dup: np.ndarray,
+                p: Precision) -> tuple[np.ndarray, np.ndarray]:
+    """Allowed absolute errors of dgate = dy up t, t = s + g s (1 - s), and dup = dy g s.
+
+    s carries its absolute error ds = r_s s (:func:`_swiglu_sigmoid_error`); t moves by
+    |dt/ds| ds = |1 + g (1 - 2 s)| ds (for large g that is g ds: 1 - s cancels,
+    bounded because ds shrinks with e = exp(-g)); forming t rounds u (|t| + 3 |g s
+    (1 - s)|); the products with dy and up round 2 u. The autograd backward of
+    ``F.silu(gate) * up`` in the input dtype first rounds dy * up (dgate) or silu(gate)
+    (dup) to the input dtype: one more u(input) of the result, and its subnormal
+    spacing times the other factor. Then the store in the input dtype, and the FTZ
+    region of sigmoid and the misread subnormal operands as in :func:`swiglu`
+    (|dt/dgate| <= 1).
+    """
+    u = p.compute
+    u_in = unit_roundoff(p.dtype)
+    sub = _elementwise_subnormal_spacing(p.dtype)
+    s, one_minus, _ = _swiglu_sigmoid_parts(gate)
+    ds = _swiglu_sigmoid_error(gate, u) * s
+    t = s + gate * s * one_minus
+    dt = np.abs(1 + gate * (one_minus - s)) * ds + u * (np.abs(t) + 3 * np.abs(gate * s * one_minus))
+    adg = np.where(np.isfinite(dgate), np.abs(dgate), 0.0)
+    adu = np.where(np.isfinite(dup), np.abs(dup), 0.0)
+    flush = _swiglu_flush(gate)
+    a_gate = (SAFETY * (np.abs(dy * up) * dt + 2 * u * adg) + u_in * adg + sub * np.abs(t)
+              + p.store * adg + p.floor)
+    a_up = (SAFETY * (_swiglu_sigmoid_error(gate, u) + 2 * u) * adu + u_in * adu + sub * np.abs(dy)
+            + p.store * adu + p.floor)
+    rg, ru, rd = _swiglu_subnormal_read(gate), _swiglu_subnormal_read(up), _swiglu_subnormal_read(dy)
+    a_gate = a_gate + ru * np.abs(dy * t) + rg * np.abs(dy * up) + rd * np.abs(up * t)
+    a_up = a_up + rg * 1.1 * np.abs(dy) + rd * np.abs(gate * s)
+    return (np.where(flush, np.maximum(a_gate, adg + p.floor), a_gate),
+            np.where(flush, np.maximum(a_up, adu + p.floor), a_up))
