@@ -323,7 +323,9 @@ def _attn_bwd_dkdv_kernel(
         if IS_CAUSAL:
             keep = keep & _causal_keep(offs_m, offs_n)
         st = tl.where(keep, st, float("-inf"))
-        p = tl.exp2(st - lse2[:, None])  # [BLOCK_M, BLOCK_N]
+        # P <= 1 exactly; the clamp keeps the rounding of a huge lse (u(fp32) |lse| > 128 past
+        # |s| ~ 1e9) from recomputing P as exp2(+big) = inf and the gradients as NaN
+        p = tl.exp2(tl.minimum(st - lse2[:, None], 0.0))  # [BLOCK_M, BLOCK_N]
 
         dv += _mma(tl.trans(p), do, FP16_DOT, DOT_PRECISION)
         dp = _mma(do, tl.trans(v), FP16_DOT, DOT_PRECISION)
@@ -416,7 +418,9 @@ def _attn_bwd_dq_kernel(
         if IS_CAUSAL:
             keep_q = keep_q & _causal_keep(offs_m, offs_n)
         sq = tl.where(keep_q, sq, float("-inf"))
-        p = tl.exp2(sq - lse2[:, None])
+        # P <= 1 exactly; the clamp keeps the rounding of a huge lse (u(fp32) |lse| > 128 past
+        # |s| ~ 1e9) from recomputing P as exp2(+big) = inf and the gradients as NaN
+        p = tl.exp2(tl.minimum(sq - lse2[:, None], 0.0))
 
         dp = _mma(do, tl.trans(v), FP16_DOT, DOT_PRECISION)
         ds = p * (dp - delta[:, None])
@@ -631,3 +635,6 @@ def attention(q, k, v, causal=False, sm_scale=None):
 attention.dtypes = _DTYPES
 attention.supports_backward = True
 attention.fp32_dot_precision = FP32_DOT_PRECISION
+# bf16 inputs are loaded and upcast to fp32 before any arithmetic or tl.dot (tf32 dots on
+# fp32 tiles), so the Triton interpreter's bf16 tl.dot limit does not apply to this kernel.
+attention.bf16_dot_upcast = True
