@@ -38,3 +38,14 @@ def torch_linear_attention(q, k, v, causal=False, eps=1e-6):
         num = torch.einsum("bhnd,bhde->bhne", q, S)
         den = torch.einsum("bhnd,bhd->bhn", q, z) + eps
     return num / den.unsqueeze(-1)
+
+
+# Registry data (properties/registry.py): checks this control is expected to fail, with why.
+torch_elu_feature_map.expected_failures = {
+    "feature_map_positive_finite": (
+        "F.elu(x) + 1 rounds elu(x) = exp(x) - 1 to the input dtype before adding 1, so every x "
+        "below about -17.3 (fp32), -8.3 (fp16) or -6.2 (bf16) gives exactly 0 where the fp64 "
+        "value rounds to a positive number: correct to u(dtype) absolutely (it passes "
+        "matches_reference), not positive"
+    ),
+}

@@ -463,6 +463,8 @@ def linear_attention(q, k, v, causal=False, eps=1e-6, chunk_size=None):
 linear_attention.dtypes = _DTYPES
 linear_attention.supports_backward = False
 linear_attention.fp32_dot_precision = "tf32x3"
+# every operand is cast to fp32 before tl.dot: bf16 is correct under the interpreter
+linear_attention.bf16_dot_upcast = True
 linear_attention.dot_precisions = {str(k).replace("torch.", ""): p for k, p in _DOT_PRECISION.items()}
 linear_attention.chunk_sizes = _CHUNK_SIZES
 linear_attention.default_chunk_size = _DEFAULT_CHUNK
