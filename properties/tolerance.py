@@ -403,3 +403,502 @@ def swiglu_grad(gate: np.ndarray, up: np.ndarray, dy: np.ndarray, dgate: np.ndar
     a_up = a_up + rg * 1.1 * np.abs(dy) + rd * np.abs(gate * s)
     return (np.where(flush, np.maximum(a_gate, adg + p.floor), a_gate),
             np.where(flush, np.maximum(a_up, adu + p.floor), a_up))
+
+
+# ------------------------------------------------------------------- linear attention
+# (appended by the linear_attention family: elu_feature_map and linear_attention)
+
+import dataclasses as _dataclasses  # noqa: E402
+
+TF32X3_DOT = 2.0**-21  # relative error per product of a 3-pass tf32 ("tf32x3") tl.dot
+
+
+def declared_dot(p: Precision, fp32_dot_precision: str | None) -> Precision:
+    """``p`` with the dot-product unit of a kernel that declares ``"tf32x3"``.
+
+    ``Precision.of`` knows "ieee" and "tf32" only and treats anything else on CUDA as
+    tf32 (2 u(tf32) = 2^-10 per product, for fp32 inputs only). "tf32x3" splits each
+    fp32 operand into a tf32 high part and a tf32 low part (a = a_hi + a_lo + r,
+    |r| <= 2^-22 |a|) and sums three tf32 products (hi hi, hi lo, lo hi) in fp32: the
+    dropped lo lo product and the two residuals are each about 2^-22 relative, so a
+    product carries ~ 3 * 2^-22 < 2^-21 relative error. It applies to every input dtype
+    when the kernel casts its operands to fp32 before ``tl.dot`` (its fp32 intermediates,
+    e.g. the scores Q K^T or the state S, are not exact in tf32 whatever the input
+    dtype). The interpreter computes every fp32 dot in full fp32 (``p`` unchanged).
+    """
+    if p.backend == "cuda" and fp32_dot_precision == "tf32x3":
+        return _dataclasses.replace(p, dot=TF32X3_DOT)
+    return p
+
+
+def _la_half_subnormal(dtype: torch.dtype) -> float:
+    """Half the spacing of ``dtype``'s subnormals: the absolute error of rounding a
+    value into its subnormal range (to nearest)."""
+    info = torch.finfo(dtype)
+    return float(info.tiny) * float(info.eps) / 2
+
+
+def elu_feature_map(x: np.ndarray, y: np.ndarray, p: Precision) -> np.ndarray:
+    """Allowed absolute error of y = elu(x) + 1 = max(x, 0) + exp(min(x, 0)).
+
+    x > 0: y = x + 1, one fp32 addition (u |y|). x <= 0: y = exp(x) in fp32,
+    EXP_ULPS u |y|, plus u |x| |y| from the log2(e) scaling of ex2.approx on the GPU.
+    The contract writes y as elu(x) + 1, and ``F.elu(x) + 1`` in the input dtype, the
+    way users write it (the control), rounds elu(x) = y - 1 to the dtype before adding
+    1 (exact by Sterbenz for y - 1 in [-1, -1/2]): u(dtype) |y - 1| for x < 0. That term
+    is an absolute error up to u(dtype) where y itself is tiny, so this rule does not
+    see the relative accuracy of tiny outputs; the exact property
+    ``feature_map_positive_finite`` checks that they do not collapse to 0. Then the
+    store u(dtype) |y| (two units under the interpreter's truncating bf16 store) and
+    the underflow floor.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        finite = np.isfinite(x)
+        xf = np.where(finite, x, 0.0)
+        yf = np.where(np.isfinite(y), y, 0.0)
+        neg = xf <= 0
+        exp_err = np.where(neg, p.compute * (EXP_ULPS + np.abs(xf)) * yf, p.compute * yf)
+        elu_round = np.where(xf < 0, unit_roundoff(p.dtype) * np.abs(yf - 1.0), 0.0)
+        return SAFETY * (exp_err + elu_round) + p.store * np.abs(yf) + p.floor
+
+
+def elu_feature_map_grad(x: np.ndarray, dy: np.ndarray, dx: np.ndarray, p: Precision) -> np.ndarray:
+    """Allowed absolute error of dx = dy * (1 if x > 0 else exp(x)).
+
+    exp(x) in fp32 as in the forward (EXP_ULPS u + u |x|, relative), the product dy
+    times it (u), the store of dx (u(dtype)); the floor for results near underflow.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        xf = np.where(np.isfinite(x), x, 0.0)
+        dxf = np.abs(np.where(np.isfinite(dx), dx, 0.0))
+        rel = np.where(xf <= 0, p.compute * (EXP_ULPS + np.abs(xf) + 1), p.compute)
+        return SAFETY * rel * dxf + p.store * dxf + p.floor
+
+
+def _la_causal_abs_numerator(q: np.ndarray, k: np.ndarray, va: np.ndarray, block: int = 128) -> np.ndarray:
+    """M_i = sum_{j <= i} (q_i . k_j) |v_j| = q_i . P_i with P_i = sum_{j <= i} k_j |v_j|^T,
+    the prefix sums formed a block of positions at a time (memory B H block D Dv)."""
+    B, H, N, _ = q.shape
+    out = np.empty((B, H, N, va.shape[-1]))
+    carry = np.zeros((B, H, q.shape[-1], va.shape[-1]))
+    for n0 in range(0, N, block):
+        sl = slice(n0, min(N, n0 + block))
+        prefix = np.cumsum(np.einsum("bhnd,bhne->bhnde", k[:, :, sl], va[:, :, sl]), axis=2) + carry[:, :, None]
+        out[:, :, sl] = np.einsum("bhnd,bhnde->bhne", q[:, :, sl], prefix)
+        carry = prefix[:, :, -1]
+    return out
+
+
+def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, causal: bool,
+                     eps: float, p: Precision) -> np.ndarray:
+    """Allowed absolute error of o_i = (q_i S_i) / (q_i . z_i + eps) (S_i, z_i over j <= i
+    when causal, over all j otherwise), q, k >= 0 and v of any sign, per element.
+
+    The state S = sum_j k_j v_j^T sums n_i terms (n_i = i + 1 causal, N otherwise) of
+    mixed sign, so its rounding error is bounded by sum_error(n_i) times the sum of the
+    terms' magnitudes, P = sum_j k_j |v_j|^T, not by |S|; reading it with q_i (a D-long
+    sum, sum_error(D)) gives the numerator an error relative to
+    M_i = q_i . P_i = sum_j (q_i . k_j) |v_j|, computed here in fp64 from the inputs.
+    Each product is a tl.dot product (``p.dot``: u(fp32) under the interpreter, 2^-21
+    for a kernel that declares "tf32x3" on CUDA, see :func:`declared_dot`); a chunked
+    causal kernel forms (q_i . k_j) v_j through the scores (one dot each for Q K^T and
+    A V), so two dot units per term. The denominator d_i = q_i . z_i + eps has only
+    positive terms: (sum_error(n_i) + sum_error(D) + dot + u) relative. fp16/bf16
+    inputs are exact in fp32, so their products are too; accumulation is fp32.
+
+    The plain implementation (``torch.einsum`` / ``torch.cumsum`` in the input dtype,
+    the control) accumulates in fp32 too (PyTorch's reductions and matmuls do) but
+    stores each named intermediate in the input dtype once: the products k_j v_j^T
+    (causal), S_i, q_i S_i; z_i, q_i . z_i, d_i. Each costs u(dtype) relative to the
+    same absolute sums (3 u(dtype) for the numerator and for the denominator) plus
+    half a subnormal spacing of the dtype, which matters in fp16 where q . z ~ eps =
+    1e-6 is subnormal (spacing 6e-8): fl (|q_i|_1 (n_i + 1) + 1) for the numerator,
+    fl (|q_i|_1 + 2) for the denominator. A kernel that accumulates the state in the
+    input dtype (n_i roundings instead of one) is outside this rule for long n_i.
+
+    The quotient: |o err| <= num_err / d + |o| den_err / d + u |o|; then SAFETY, the
+    store of o (u(dtype) |o|) and the underflow floor.
+    """
+    q, k, v, o = (np.asarray(a, dtype=np.float64) for a in (q, k, v, o))
+    N, D = q.shape[-2], q.shape[-1]
+    va = np.abs(v)
+    if causal:
+        m_abs = _la_causal_abs_numerator(q, k, va)
+        z = np.cumsum(k, axis=2)
+        n = np.arange(1, N + 1, dtype=np.float64)[None, None, :, None]
+    else:
+        m_abs = np.einsum("bhnd,bhde->bhne", q, np.einsum("bhnd,bhne->bhde", k, va))
+        z = np.broadcast_to(k.sum(axis=2, keepdims=True), k.shape)
+        n = np.float64(max(N, 1))
+    den = (np.einsum("bhnd,bhnd->bhn", q, z) + eps)[..., None]
+    q1 = q.sum(axis=-1, keepdims=True)
+    uc, ui, fl = p.compute, unit_roundoff(p.dtype), _la_half_subnormal(p.dtype)
+    e_sum = sum_error(n, uc) + sum_error(D, uc)
+    num_err = (e_sum + 2 * p.dot + 3 * ui) * m_abs + fl * (q1 * (n + 1) + 1)
+    den_err = (e_sum + p.dot + uc + 3 * ui) * den + fl * (q1 + 2)
+    oa = np.abs(np.where(np.isfinite(o), o, 0.0))
+    err = num_err / den + oa * den_err / den + uc * oa
+    return SAFETY * err + p.store * oa + p.floor
+
+
+# -------------------------------------------------------------------------- attention
+
+def attention_scores(q: np.ndarray, k: np.ndarray, causal: bool, scale: float):
+    """fp64 scores s = scale q k^T, -inf at causally masked (i, j); and the mask of kept pairs."""
+    s = (q @ np.swapaxes(k, -1, -2)) * scale
+    visible = np.ones(s.shape[-2:], dtype=bool)
+    if causal:
+        visible = np.tril(visible)
+    visible = np.broadcast_to(visible, s.shape)
+    return np.where(visible, s, -np.inf), visible
+
+
+# A dot operand below fp32's smallest normal may be read as another value within about
+# that much: GPUs flush subnormals to zero, and the Triton interpreter converts bf16
+# subnormals to fp32 wrongly (1.38e-39 is read as 1.03e-38, 1.3e-40 as 0; seen on Triton
+# 3.9, on loads and on stores). Each product of a dot may so err by ATTENTION_READ_FLOOR
+# times the other operand.
+ATTENTION_READ_FLOOR = float(torch.finfo(torch.float32).tiny)
+
+
+def attention_score_error(q: np.ndarray, k: np.ndarray, s: np.ndarray, visible: np.ndarray,
+                          scale: float, p: Precision) -> np.ndarray:
+    """Bound (SAFETY included) on the absolute error of each score s_ij, in natural units,
+    as an exponent error of p_ij: eps_ij.
+
+    The dot q_i . k_j of D exact products accumulates in fp32 ((p.dot + sum_error(D)) times
+    scale sum_d |q_id k_jd|); the scaling (and the scale's own rounding, and log2(e) folded
+    into it) adds 2 u(fp32) |s_ij|. A plain PyTorch implementation forms q @ k^T and the
+    product with sm_scale in the input dtype, 2 u(dtype) |s_ij| more: the rule allows it
+    (as the softmax rule allows x / T rounded in the input dtype), so users' attention in
+    fp16 and bf16 passes; for the kernel (fp32 scores) this is slack of about
+    u(dtype) |s| in lse and, through score differences, in o. The exponent s_ij - m
+    (m <= the row max: online running maxima only get closer to s_ij) rounds
+    (u |s_ij - m|) and exp/exp2 adds EXP_ULPS u. Operands below the smallest normal:
+    ATTENTION_READ_FLOOR scale (sum_d |q_id| + |k_jd|).
+    """
+    d = q.shape[-1]
+    a = scale * (np.abs(q) @ np.swapaxes(np.abs(k), -1, -2))
+    reads = scale * ATTENTION_READ_FLOOR * (np.sum(np.abs(q), axis=-1)[..., :, None]
+                                            + np.sum(np.abs(k), axis=-1)[..., None, :])
+    u_in = unit_roundoff(p.dtype)
+    with np.errstate(invalid="ignore"):
+        m = np.max(s, axis=-1, keepdims=True)
+        eps = SAFETY * ((p.dot + sum_error(d, p.compute)) * a + reads + 2 * (u_in + p.compute) * np.abs(s)
+                        + p.compute * (np.abs(s - m) + EXP_ULPS))
+    return np.where(visible, eps, 0.0)
+
+
+def _attention_parts(p: Precision):
+    """(u_p, p_floor): the relative rounding of P (and dS) before their products, and the
+    absolute rounding of a P or dS entry in the subnormal range.
+
+    FlashAttention kernels and plain PyTorch round P = softmax and dS to the input dtype
+    for fp16 / bf16 (this kernel: fp16 for float16; tf32 on the GPU, i.e. <= 2 u(tf32)
+    with truncation, fp32 in the interpreter, for bfloat16: both within u(bf16));
+    float32 products carry p.dot. Below the smallest normal the spacing is
+    tiny * eps of the dtype (fp16: 2^-24), or tiny(fp32) where a GPU flushes.
+    """
+    info = torch.finfo(p.dtype)
+    u_p = unit_roundoff(p.dtype) if p.dtype in (torch.float16, torch.bfloat16) else p.dot
+    p_floor = max(float(info.tiny) * float(info.eps), float(torch.finfo(torch.float32).tiny))
+    return u_p, p_floor
+
+
+def attention_floor(p: Precision) -> float:
+    """p.floor, plus, under the Triton interpreter for bfloat16, one more smallest normal:
+    the interpreter's fp32 -> bf16 store maps fp32 subnormals to wrong bf16 values
+    (e.g. -1.42e-39 -> -1.10e-38, 3.0e-39 -> 1.8e-40, seen on Triton 3.9), an error up to
+    about tiny(bf16) on top of the value; p.floor (= tiny) alone is exceeded by a hair."""
+    if p.backend == "interpret" and p.dtype == torch.bfloat16:
+        return 2 * p.floor
+    return p.floor
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
+              causal: bool, scale: float, p: Precision) -> tuple[np.ndarray, np.ndarray]:
+    """Allowed absolute errors of (o, lse) of attention, from the fp64 inputs and reference.
+
+    Scores: each s_ij errs by at most eps_ij (attention_score_error), i.e. the weight of
+    key j is multiplied by e^{eta_j}, |eta_j| <= eps_ij. Measured against the row's top key
+    j* (softmax only sees differences), zeta_j = eta_j - eta_j* is bounded by
+    E_j = eps_ij + eps_ij* (E_j* = 0), and exactly
+        o' - o = sum_j p_j (e^{zeta_j} - 1)(v_j - o) / Z,   Z = sum_j p_j e^{zeta_j}
+    so |o' - o| <= (sum_j p_j expm1(E_j) (|v_j| + |o|)) / max(p_j*, sum_j p_j e^{-E_j}).
+    This is not first-order: it stays a bound when scores near the dtype's range make
+    E large, and it vanishes for a row dominated by one key. For lse,
+    |lse' - lse| <= log sum_j p_j e^{eps_ij} = logsumexp(s + eps) - lse.
+
+    Roundings that do not cancel between the numerator acc = sum_j p_j v_j and the
+    denominator l = sum_j p_j: P rounded before the P V product (u_p sum_j p_j |v_j|,
+    plus p_floor sum |v_j| over keys whose p_j is subnormal in the dtype); the two sums
+    of n terms (sum_error(n)); the online rescaling by alpha once per key block (one
+    fp32 product each for acc and l, nb = ceil(n / 16) blocks at the interpreter's
+    smallest block); the division. The lse adds: l's sum (sum_error(n)), each alpha's
+    exp2 (EXP_ULPS + 2 u per block, plus u times the total rise of the running max
+    <= m - min s), m + log2(l) and the LN2 / LOG2E conversions (u (2 |m| + |lse| + log l)).
+    Stored o: p.store |o|, plus p.floor. A convex combination of the v_j can never be
+    further than max_j |v_j| + |o| from o: the o allowance is capped at twice that.
+    """
+    s, visible = attention_scores(q, k, causal, scale)
+    eps = attention_score_error(q, k, s, visible, scale, p)
+    u_p, p_floor = _attention_parts(p)
+    tiny = float(torch.finfo(p.dtype).tiny)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        pr = np.where(visible, np.exp(s - lse[..., None]), 0.0)
+        n = visible.sum(axis=-1, keepdims=True)
+        nb = np.ceil(n / 16)
+        jstar = np.argmax(s, axis=-1)[..., None]
+        eps_star = np.take_along_axis(eps, jstar, axis=-1)
+        top = np.arange(s.shape[-1]) == jstar
+        big_e = np.where(visible & ~top, eps + eps_star, 0.0)
+        # p_j (e^{E_j} - 1), formed in the log domain: p_j may underflow where e^{E_j}
+        # does not; exponents are clipped at 300 (the allowance is then capped anyway)
+        w = np.where(visible, np.exp(np.minimum(s - lse[..., None] + big_e, 300.0)), 0.0) - pr
+        z = np.maximum(np.take_along_axis(pr, jstar, axis=-1), np.sum(pr * np.exp(-big_e), axis=-1, keepdims=True))
+        av, ao = np.abs(v), np.abs(o)
+        pv = pr @ av
+        score_part = (w @ av + np.sum(w, axis=-1, keepdims=True) * ao) / z
+        sub = np.where(visible & (pr < 4 * tiny), 1.0, 0.0)
+        rounding = u_p * pv + p_floor * (sub @ av) + (sum_error(n, p.compute) + 2 * nb * p.compute) * (pv + ao) \
+            + p.compute * ao + ATTENTION_READ_FLOOR
+        vmax = np.maximum.accumulate(av, axis=-2) if causal else np.max(av, axis=-2, keepdims=True)
+        o_allowed = np.minimum(score_part + SAFETY * rounding, 2 * (vmax + ao)) + p.store * ao + attention_floor(p)
+
+        t = np.where(visible, s + eps, -np.inf)
+        mt = np.max(t, axis=-1, keepdims=True)
+        lse_score = (mt + np.log(np.sum(np.exp(t - mt), axis=-1, keepdims=True)))[..., 0] - lse
+        m = np.max(s, axis=-1)
+        s_min = np.min(np.where(visible, s, np.inf), axis=-1)
+        n, nb = n[..., 0], nb[..., 0]
+        lse_allowed = np.maximum(lse_score, 0.0) + SAFETY * (
+            sum_error(n, p.compute) + nb * p.compute * (EXP_ULPS + 2) + p.compute * (m - s_min)
+            + p.compute * (2 * np.abs(m) + np.abs(lse) + np.abs(lse - m) + EXP_ULPS)) \
+            + float(torch.finfo(torch.float32).tiny)
+    return o_allowed, lse_allowed
+
+
+def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, p: Precision) -> dict:
+    """Allowed absolute errors of dq, dk, dv of attention (upstream do on o).
+
+    FlashAttention backward: P recomputed from the saved lse, dv = P^T dO, dP = dO V^T,
+    delta_i = sum_d dO_id O_id (from the stored, rounded O), dS = P (dP - delta),
+    dq = scale dS K, dk = scale dS^T Q.
+    - P: exponent error eps_ij (scores) + the lse allowance + the rounding of s - lse and
+      exp: a relative error dP_ij = expm1(that) (a plain softmax of rounded scores is
+      within the same: its normaliser errs by at most the lse allowance); then rounded
+      to the dtype before its products (u_p, p_floor).
+    - dP_ij: (p.dot + sum_error(D)) sum_d |dO_id v_jd|, and u(dtype) |dP_ij| where users
+      store dO V^T in the input dtype.
+    - delta_i: sum_d |dO_id| (the o allowance) + sum_error(D) sum_d |dO_id O_id|, and for a
+      softmax backward computing it as sum_j P_ij dP_ij: sum_j P_ij (dP_ij + u) |dP_ij|.
+    - dS_ij: P_ij (dP_ij |dP - delta| + err(dP) + err(delta) + u |dP - delta|), rounded to
+      the dtype (u_p, and u(dtype) for the scale product of plain PyTorch) and p_floor
+      (on dS or on scale dS, whichever is larger).
+    - dq, dk, dv: the entry errors through the products, plus (p.dot + sum_error(n)) for
+      the sums of n terms, the scale product (u), the store (p.store) and p.floor;
+      operands below the smallest normal (ATTENTION_READ_FLOOR times the other
+      operand's sum: |dS| for a misread k or q, P for a misread dO, |dO| + |v| in dP).
+    SAFETY multiplies the first-order roundings; the P and score parts carry it already.
+    """
+    s, visible = attention_scores(q, k, causal, scale)
+    eps = attention_score_error(q, k, s, visible, scale, p)
+    o_allowed, lse_allowed = attention(q, k, v, o, lse, causal, scale, p)
+    u_p, p_floor = _attention_parts(p)
+    u_in = unit_roundoff(p.dtype)
+    tiny = float(torch.finfo(p.dtype).tiny)
+    d = q.shape[-1]
+    kt = lambda x: np.swapaxes(x, -1, -2)  # noqa: E731
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        pr = np.where(visible, np.exp(s - lse[..., None]), 0.0)
+        expo = np.where(visible, eps + lse_allowed[..., None] + SAFETY * p.compute * (np.abs(s - lse[..., None])
+                                                                                       + EXP_ULPS), 0.0)
+        # P_ij (e^{expo} - 1), in the log domain (P_ij may underflow where the product does not)
+        p_rel = np.where(visible, np.exp(np.minimum(s - lse[..., None] + expo, 300.0)), 0.0) - pr
+        n_row = visible.sum(axis=-1, keepdims=True)  # keys each query sees
+        n_col = kt(visible.sum(axis=-2, keepdims=True))  # queries that see each key
+        ad, av, ao = np.abs(do), np.abs(v), np.abs(o)
+        dp = do @ kt(v)
+        delta = np.sum(do * o, axis=-1, keepdims=True)
+        r = np.abs(dp - delta)
+        # dS rounds into the dtype's subnormals before (kernel) or after (plain PyTorch: the
+        # product with sm_scale in the dtype) the scale: p_floor at whichever is larger
+        ds_floor = p_floor * max(1.0, 1.0 / scale)
+        ds = pr * (dp - delta)
+        e_dp = (p.dot + sum_error(d, p.compute)) * (ad @ kt(av)) + u_in * np.abs(dp) \
+            + ATTENTION_READ_FLOOR * (np.sum(ad, axis=-1)[..., :, None] + np.sum(av, axis=-1)[..., None, :])
+        e_delta = sum_error(d, p.compute) * np.sum(ad * ao, axis=-1, keepdims=True) \
+            + np.sum((p_rel + u_in * pr) * np.abs(dp), axis=-1, keepdims=True)
+        e_ds = p_rel * r + pr * np.sum(ad * o_allowed, axis=-1, keepdims=True) + SAFETY * (
+            pr * (e_dp + e_delta + p.compute * r) + (u_p + u_in) * np.abs(ds) + ds_floor * visible)
+        e_ds = np.minimum(e_ds, 1e300)
+        ads = np.abs(ds)
+        reads_row = ATTENTION_READ_FLOOR * np.sum(ads, axis=-1, keepdims=True)  # k misread, per dq_i
+        reads_col = ATTENTION_READ_FLOOR * kt(np.sum(ads, axis=-2, keepdims=True))  # q misread, per dk_j
+        dq_allowed = scale * (e_ds @ np.abs(k) + SAFETY * reads_row + SAFETY * (p.dot + sum_error(n_row, p.compute)) * (ads @ np.abs(k))) \
+            + (SAFETY * p.compute + p.store) * np.abs(dq) + attention_floor(p)
+        dk_allowed = scale * (kt(e_ds) @ np.abs(q) + SAFETY * reads_col
+                              + SAFETY * (p.dot + sum_error(n_col, p.compute)) * (kt(ads) @ np.abs(q))) \
+            + (SAFETY * p.compute + p.store) * np.abs(dk) + attention_floor(p)
+        e_p = p_rel + SAFETY * (u_p * pr + p_floor * (visible & (pr < 4 * tiny)))
+        dv_allowed = kt(e_p) @ ad + SAFETY * (p.dot + sum_error(n_col, p.compute)) * (kt(pr) @ ad) \
+            + SAFETY * ATTENTION_READ_FLOOR * kt(np.sum(pr, axis=-2, keepdims=True)) \
+            + p.store * np.abs(dv) + attention_floor(p)
+    return {"dq": dq_allowed, "dk": dk_allowed, "dv": dv_allowed}
+
+
+# ------------------------------------------------------------- layer_norm, dropout + layer_norm
+
+def _layer_norm_stats(h: np.ndarray, eps: float):
+    """fp64 row statistics: n, mean, centred values, variance, rstd, x_hat."""
+    n = h.shape[-1]
+    mu = h.mean(axis=-1, keepdims=True)
+    d = h - mu
+    var = (d * d).mean(axis=-1, keepdims=True)
+    r = 1.0 / np.sqrt(var + eps)
+    return n, mu, d, var, r, d * r
+
+
+def layer_norm_xhat(h: np.ndarray, eps: float, p: Precision, input_err: np.ndarray | None = None):
+    """Bounds on the normalised row x_hat = (h - mean) * rstd as an implementation
+    computes it: ``(eta, eps_r, r, x_hat)``, eta the absolute error of each x_hat,
+    eps_r the relative error of rstd (first order, before SAFETY).
+
+    Derivation (u = u(fp32), the compute precision; n = row length; A = mean_j |h_j|):
+
+    * mean: a sum of n terms of either sign, then a division: its error is
+      delta_mu <= (sum_error(n) + u) * A. This is the term that makes normalisation
+      ill-conditioned: an error in the mean is an error in every h_i - mean, and
+      becomes delta_mu * rstd in x_hat, i.e. about sum_error(n) * |mean| / std:
+      the condition number |mean| / std of normalisation times the rounding of the
+      mean. Rows with a large common offset (mean 1e4, std 1) lose that many digits
+      in any correct implementation that does not refine its mean (torch's
+      ``F.layer_norm`` included).
+    * h_i - mean rounds (u |h_i - mean|); implementations that evaluate
+      ``h_i * rstd - mean * rstd`` (torch on CPU, with a fused multiply-add for
+      fp16/bf16) round the two products instead: u (|h_i| + |mean|) in units of h.
+    * ``input_err`` (optional) bounds an error already in h_i (the dropout op forms
+      h in the input dtype when written in plain torch); it moves h_i and, through the
+      mean, every element by mean(input_err).
+    * variance: the mean of n squared deviations, each off by 2u relative plus the
+      sum's sum_error(n); a wrong mean adds exactly delta_mu^2 (the deviations from
+      the true mean sum to zero); an input error e adds 2 mean(|d| e). So
+      dvar <= var (3u + sum_error(n)) + delta_mu^2 + 2 mean(|d| (e + mean e)).
+    * rstd = 1 / sqrt(var + eps): half the variance's relative error, damped by
+      var / (var + eps) (eps is exact), plus the rounding of the add, the sqrt and the
+      division, or of an approximate rsqrt on a GPU: (2 + EXP_ULPS) u.
+    * an input or a centred value near underflow may be flushed to zero (FTZ on GPUs;
+      the Triton interpreter also mis-converts bf16 subnormals, by less than the
+      smallest normal number): an absolute p.floor in h - mean, which rstd (up to
+      1/sqrt(eps)) magnifies.
+    * x_hat = (h - mean) * rstd: eta = rstd * (error of h - mean + p.floor) + |x_hat| (eps_r + u).
+    """
+    u = p.compute
+    n, mu, d, var, r, xhat = _layer_norm_stats(h, eps)
+    e = np.zeros_like(h) if input_err is None else input_err
+    ebar = e.mean(axis=-1, keepdims=True)
+    a_mean = np.abs(h).mean(axis=-1, keepdims=True)
+    delta_mu = (sum_error(n, u) + u) * a_mean
+    centred = delta_mu + u * (np.abs(d) + np.abs(h) + np.abs(mu)) + e + ebar
+    dvar = var * (3 * u + sum_error(n, u)) + delta_mu**2 + 2 * np.mean(np.abs(d) * (e + ebar), axis=-1, keepdims=True)
+    eps_r = 0.5 * dvar * r * r + (2 + EXP_ULPS) * u
+    eta = r * (centred + p.floor) + np.abs(xhat) * (eps_r + u)
+    return eta, eps_r, r, xhat
+
+
+def layer_norm(h: np.ndarray, weight: np.ndarray, bias: np.ndarray, y: np.ndarray, eps: float,
+               p: Precision, input_err: np.ndarray | None = None) -> np.ndarray:
+    """Allowed absolute error of y = x_hat * weight + bias (layer norm over the last dim).
+
+    The x_hat bound of :func:`layer_norm_xhat` times |weight|; the product and the add
+    round (u (|x_hat w| + |y|)); SAFETY on all of it; the store costs u(out) |y|, and
+    a result near underflow p.floor.
+    """
+    eta, _, _, xhat = layer_norm_xhat(h, eps, p, input_err)
+    aw = np.abs(weight)
+    bound = aw * eta + p.compute * (np.abs(xhat) * aw + np.abs(y))
+    return SAFETY * bound + p.store * np.abs(y) + p.floor
+
+
+def layer_norm_grad(x: np.ndarray, weight: np.ndarray, dy: np.ndarray, dx: np.ndarray, dweight: np.ndarray,
+                    dbias: np.ndarray, eps: float, p: Precision) -> dict[str, np.ndarray]:
+    """Allowed absolute errors of the layer-norm gradients, keys dx, dweight, dbias.
+
+    With g = weight * dy, c1 = mean(g x_hat), c2 = mean(g) over each row::
+
+        dx      = rstd (g - c2 - x_hat c1)
+        dweight = sum over rows of dy x_hat
+        dbias   = sum over rows of dy
+
+    x_hat (recomputed from the saved or recomputed mean and rstd) carries eta and rstd
+    eps_r (:func:`layer_norm_xhat`), plus the rounding of the saved statistics when an
+    implementation keeps them in the input dtype (torch on CPU does for fp16/bf16):
+    u(out) |mean| rstd in x_hat and u(out) in rstd (or the dtype's subnormal spacing,
+    where a statistic is that small). g rounds (u |g|); c2 is a mean of n terms
+    ((sum_error(n) + u) mean|g|); c1 errs by mean(|g| eta) plus its own sum
+    ((sum_error(n) + 3u) mean|g x_hat|). T = g - c2 - x_hat c1 then errs by
+    u|g| + dc2 + eta |c1| + |x_hat| dc1 plus two roundings of each of its terms, and
+    dx = rstd T by rstd dT + (eps_r + u) |dx|. Implementations that expand dx as
+    ``a w dy + b x + c`` (torch on CPU) cancel b x against c on offset rows; their
+    rounding u |b| (|x| + |mean|) is u rstd^2 |c1| (|x| + |mean|), inside
+    rstd eta |c1|; for rows of std > ~1e12 their b underflows into fp32 subnormals (an
+    absolute error of the fp32 subnormal spacing, times |x| + |mean|).
+    dweight: each row's term errs by |dy| (eta + u |x_hat|), and the sum over the M
+    rows adds sum_error(M) sum|dy x_hat|; dbias: sum_error(M) sum|dy|. These sums over
+    rows take the unit roundoff of the input dtype (torch accumulates them in
+    fp16/bf16: a bf16 dbias of 3 rows was seen 3.5 ulp off), and each of the M partial
+    sums may round in the dtype's subnormal range: M p.floor. SAFETY on each bound;
+    the store costs u(out) |result|; p.floor (dx: also a flushed w dy, times rstd).
+    """
+    u = p.compute
+    eta, eps_r, r, xhat = layer_norm_xhat(x, eps, p)
+    # The saved statistics may be held in the input dtype (torch's CPU kernel returns
+    # and reuses mean and rstd in fp16/bf16): mean off by u(out) |mean|, rstd by u(out).
+    # A statistic below the dtype's smallest normal number (fp16 rstd of a row with
+    # std > 1.6e4) rounds to the subnormal spacing instead: an absolute error `sub`.
+    mu = x.mean(axis=-1, keepdims=True)
+    sub = float(torch.finfo(p.dtype).tiny) * float(torch.finfo(p.dtype).eps)
+    eta = eta + p.store * (r * np.abs(mu) + np.abs(xhat)) + sub * (r + np.abs(xhat) / r)
+    eps_r = eps_r + p.store + sub / r
+    n = x.shape[-1]
+    g = weight * dy
+    ag = np.abs(g)
+    c1 = np.mean(g * xhat, axis=-1, keepdims=True)
+    c2 = np.mean(g, axis=-1, keepdims=True)
+    dc2 = (sum_error(n, u) + 2 * u) * np.mean(ag, axis=-1, keepdims=True)
+    dc1 = np.mean(ag * eta, axis=-1, keepdims=True) + (sum_error(n, u) + 3 * u) * np.mean(
+        np.abs(g * xhat), axis=-1, keepdims=True)
+    t = g - c2 - xhat * c1
+    dt = u * ag + dc2 + eta * np.abs(c1) + np.abs(xhat) * dc1 + 2 * u * (ag + np.abs(c2) + np.abs(xhat * c1))
+    # The expanded form's coefficient b ~ rstd^3 sum(w dy x) / N underflows into fp32
+    # subnormals for rows of std > ~1e12 (rstd^3 < 1e-38): an absolute error of the
+    # fp32 subnormal spacing in b, which multiplies x (and mean, in c).
+    sub32 = float(torch.finfo(torch.float32).tiny) * float(torch.finfo(torch.float32).eps)
+    dx_bound = r * dt + (eps_r + u) * r * np.abs(t) + sub32 * (np.abs(x) + np.abs(mu))
+    rows = int(np.prod(x.shape[:-1]))
+    flat = lambda a: np.broadcast_to(a, x.shape).reshape(rows, n)  # noqa: E731
+    ady = np.abs(flat(dy))
+    # The sums over rows may run in the input dtype (torch's CPU backward for fp16/bf16).
+    u_rows = max(u, unit_roundoff(p.dtype))
+    dw_bound = np.sum(ady * (flat(eta) + u * np.abs(flat(xhat))), axis=0) + sum_error(rows, u_rows) * np.sum(
+        np.abs(flat(dy * xhat)), axis=0)
+    db_bound = sum_error(rows, u_rows) * np.sum(ady, axis=0)
+    return {
+        "dx": SAFETY * dx_bound + p.store * np.abs(dx) + p.floor * (1 + r * np.abs(weight)),
+        "dweight": SAFETY * dw_bound + p.store * np.abs(dweight) + rows * p.floor,
+        "dbias": SAFETY * db_bound + p.store * np.abs(dbias) + rows * p.floor,
+    }
+
+
+def dropout_input_error(x: np.ndarray, residual: np.ndarray, keep: np.ndarray, p_drop: float,
+                        p: Precision) -> np.ndarray:
+    """Error bound of h = where(keep, x / (1 - p_drop), 0) + residual as formed before
+    the normalisation: the contract does not say where h rounds, and the plain torch
+    form rounds x / (1 - p) and the sum in the input dtype (u(dtype) (|x / (1-p)| + |h|));
+    a fused kernel rounds 1 / (1 - p) to fp32 and the product and sum in fp32
+    (2 u(fp32) |x / (1-p)| + u(fp32) |h|). Both are covered by the larger of each term.
+    """
+    u_in = unit_roundoff(p.dtype)
+    scaled = np.where(keep, np.abs(x) / (1.0 - p_drop), 0.0)
+    h = np.where(keep, x / (1.0 - p_drop), 0.0) + residual
+    return (u_in + 2 * p.compute) * scaled + max(u_in, p.compute) * np.abs(h)
