@@ -108,6 +108,21 @@ elu_grad_exp_everywhere = mutant(
     kills=("gradients_match_reference",),
 )
 
+elu_plus_one_cancellation = mutant(
+    "elu_feature_map", _k,
+    [("y = tl.where(x > 0, x + 1.0, tl.exp(x))", "y = tl.where(x > 0, x, tl.exp(x) - 1.0) + 1.0")],
+    name="elu_plus_one_cancellation",
+    bug=(
+        "Forward computes elu(x) = exp(x) - 1 and then adds 1, the textbook formula that "
+        "F.elu(x) + 1 also uses: (exp(x) - 1) + 1 cancels to exactly 0 in fp32 once "
+        "exp(x) < u(fp32) = 2**-24, so every x below about -17 maps to 0 and the feature "
+        "map is no longer positive (a later division by q.z can then be 0/0). Absolute "
+        "error stays below 2**-24, so matching the reference alone does not catch it. "
+        "Trigger: any x < -17.4 whose fp64 image is representable in the output dtype."
+    ),
+    kills=("feature_map_positive_finite",),
+)
+
 MUTANTS = (
     state_not_carried,
     exclusive_causal_sum,
@@ -115,4 +130,5 @@ MUTANTS = (
     state_updated_before_query,
     relu_plus_one_feature_map,
     elu_grad_exp_everywhere,
+    elu_plus_one_cancellation,
 )

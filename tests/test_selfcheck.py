@@ -1,7 +1,8 @@
 """The suite against planted bugs and correct controls (properties/selfcheck.py).
 
 Every mutant must fail every check it claims to be killed by; every control must
-pass every check in every dtype. The kill rate is printed at the end of the run.
+pass every check in every dtype, except the checks its ``expected_failures`` names
+with a reason (reported as xfail when the hunt does hit them). The kill rate is printed at the end of the run.
 """
 import pytest
 
@@ -29,4 +30,7 @@ def test_control_passes(control, dtype, check):
     if reason:
         pytest.skip(reason)
     verdict = selfcheck.hunt(op, control, check, dtype, selfcheck.CONTROL_EXAMPLES)
+    expected = control.expected_failures.get(check.name)
+    if expected and verdict.failed:
+        pytest.xfail(f"expected failure (registry data): {expected}")
     assert not verdict.failed, f"control {control.name} fails {check.name}: {verdict.text}"
