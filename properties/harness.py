@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from hypothesis import strategies as st
+from hypothesis.errors import UnsatisfiedAssumption
 
 from properties import backend, registry
 from properties.config import CONFIG
@@ -74,6 +75,8 @@ class Target:
                     self.check.run(case, self.impl)
         except NotApplicable as exc:
             pytest.skip(str(exc))
+        except UnsatisfiedAssumption:
+            raise  # Hypothesis discards the example: not a failure, nothing to save
         except Exception as exc:
             path = save_failure(self, case)
             note = (f"\n{self.check.name} failed for {self.impl.name} on:\n{case.describe()}\n"
