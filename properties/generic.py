@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import torch
 from hypothesis import strategies as st
 
-from properties import backend
+from properties import backend, tolerance
 from properties.oracle import assert_close, assert_identical, to_numpy
 from properties.registry import OPS, Check, Implementation, NotApplicable, OpSpec
 from properties.strategies import Case, tensors
@@ -22,7 +22,8 @@ UPSTREAM_FAMILIES = ("normal", "outlier", "constant")
 
 def precision(impl: Implementation, case: Case) -> Precision:
     dtype = getattr(torch, case.dtype)
-    return Precision.of(dtype, backend.current(), getattr(impl.fn, "fp32_dot_precision", None))
+    declared = getattr(impl.fn, "fp32_dot_precision", None)
+    return tolerance.declared_dot(Precision.of(dtype, backend.current(), declared), declared)
 
 
 def run(case: Case, impl: Implementation, values: Mapping[str, Any] | None = None):

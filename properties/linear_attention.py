@@ -232,10 +232,6 @@ def linear_attention_cases(draw, dtype: torch.dtype) -> Case:
                        specs, {"causal": causal, "eps": eps, **maps})
 
 
-def _la_precision(impl: Implementation, case: Case) -> tolerance.Precision:
-    return tolerance.declared_dot(precision(impl, case), _declared(impl, "fp32_dot_precision"))
-
-
 def _allowed(values, o64: np.ndarray, causal: bool, p) -> np.ndarray:
     return tolerance.linear_attention(to_numpy(values["q"]), to_numpy(values["k"]), to_numpy(values["v"]), o64,
                                       causal, values["eps"], p)
@@ -248,7 +244,7 @@ def la_matches_reference(case: Case, impl: Implementation) -> None:
     values, outs = run(case, impl)
     generic._check_output_types(OPS[case.op], case, outs)
     expected, _ = OPS[case.op].expected(case, values)
-    allowed = _allowed(values, expected["o"], values["causal"], _la_precision(impl, case))
+    allowed = _allowed(values, expected["o"], values["causal"], precision(impl, case))
     assert_close("o", outs["o"], expected["o"], allowed, dtype=getattr(torch, case.dtype))
 
 
@@ -268,7 +264,7 @@ def chunk_size_invariant(case: Case, impl: Implementation) -> None:
     args = [values[a] for a in case.args]
     outs = {c: impl.fn(*args, chunk_size=c) for c in chunks}
     expected, _ = OPS[case.op].expected(case, values)
-    allowed = 2 * _allowed(values, expected["o"], True, _la_precision(impl, case))
+    allowed = 2 * _allowed(values, expected["o"], True, precision(impl, case))
     first = chunks[0]
     for c in chunks[1:]:
         assert_close("o", outs[c], to_numpy(outs[first]), allowed,
@@ -313,7 +309,7 @@ def last_causal_equals_bidirectional(case: Case, impl: Implementation) -> None:
     values = case.materialise(backend.device())
     _, causal = run(case, impl, {**values, "causal": True})
     _, bidir = run(case, impl, {**values, "causal": False})
-    p = _la_precision(impl, case)
+    p = precision(impl, case)
     o64 = ref.linear_attention(*(to_numpy(values[a]) for a in ("q", "k", "v")), causal=False, eps=values["eps"])
     allowed = _allowed(values, o64, False, p)[:, :, -1] + _allowed(values, o64, True, p)[:, :, -1]
     assert_close("o[:, :, -1]", causal["o"][:, :, -1], to_numpy(bidir["o"][:, :, -1]), allowed,
