@@ -204,7 +204,10 @@ def _gradient_domain(case: Case, values, impl: Implementation | None = None) -> 
     assume(math.isfinite(big) and big <= fmax / 8)
     if impl is not None:
         grads = torch.autograd.grad(o, (qg, kg, vg), do)
-        n = lambda t: t.detach().numpy()
+
+        def n(t):
+            return t.detach().numpy()
+
         allowed = tolerance.attention_grad(n(q), n(k), n(v), n(do), n(o), n(lse), *(n(g) for g in grads),
                                            case.params["causal"], scale, precision(impl, case))
         assume(max(float(np.max(a)) for a in allowed.values()) <= fmax / 8)

@@ -120,7 +120,7 @@ class OpSpec:
                     for k, v in values.items()}
         out = self.reference(*(inputs64[a] for a in case.args))
         out = out if isinstance(out, tuple) else (out,)
-        return dict(zip(self.outputs, out)), inputs64
+        return dict(zip(self.outputs, out, strict=True)), inputs64
 
 
 @dataclass(frozen=True)

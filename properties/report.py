@@ -120,7 +120,7 @@ def table(report: dict) -> str:
 
 def markdown(report: dict) -> str:
     m = report["meta"]
-    lines = [f"# Tolerance report", "",
+    lines = ["# Tolerance report", "",
              f"Backend `{m.get('backend')}`, profile `{m.get('profile')}`, device {m.get('device')}, "
              f"{report['created']}. Headroom is the largest error divided by its allowance (<= 1 passes).", "",
              "| op | impl | dtype | output | examples | max abs | p99 abs | max rel | max ULP | headroom |",

@@ -32,7 +32,6 @@ why the old rule was wrong.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,7 +74,11 @@ class Precision:
     def of(cls, dtype: torch.dtype, backend: str, fp32_dot_precision: str | None = None) -> "Precision":
         store = unit_roundoff(dtype)
         if backend == "interpret" and dtype == torch.bfloat16:
-            store *= 2  # the interpreter truncates fp32 -> bf16 stores
+            # The interpreter truncates fp32 -> bf16 conversions (1.51171875 -> 1.5078125,
+            # not 1.515625) and mangles bf16 subnormals converted to or from fp32
+            # (1e-39 -> 5.9e-39, 5e-40 -> 0; seen on Triton 3.9). The first doubles u;
+            # the second stays below fp32's smallest normal 1.2e-38, the floor below.
+            store *= 2
         dot = U32
         if dtype == torch.float32 and backend == "cuda" and fp32_dot_precision != "ieee":
             # Triton's default on NVIDIA: tf32 for fp32 tl.dot (an undeclared kernel is assumed to use it).
@@ -167,10 +170,6 @@ def ulp(values: np.ndarray, dtype: torch.dtype) -> np.ndarray:
     return np.exp2(exp - mant)
 
 
-def headroom_text(ratio: float) -> str:
-    return "inf" if not math.isfinite(ratio) else f"{ratio:.3g}"
-
-
 # ---------------------------------------------------------------------- cross_entropy
 # (losses and elementwise families: cross_entropy, rope, swiglu)
 
@@ -231,7 +230,7 @@ def cross_entropy(logits: np.ndarray, target: np.ndarray, ignore_index: int, los
     exactly 0: allowance 0. A target on a -inf logit gives +inf (compared exactly).
     """
     target = np.asarray(target).astype(np.int64)
-    finite, m, _, _, _, _ = _cross_entropy_parts(logits)
+    _, m, _, _, _, _ = _cross_entropy_parts(logits)
     rows = np.arange(logits.shape[0])
     ignored = target == ignore_index
     x_t = logits[rows, np.where(ignored, 0, target)]
@@ -323,7 +322,7 @@ def _swiglu_sigmoid_error(g: np.ndarray, u: float) -> np.ndarray:
     (1 - s) times as large. 1 + e and the division round (2 u), except that for
     g >= 0 and e below u, 1 + e rounds to 1 with an error of e, not u: 2 min(u, e).
     """
-    s, one_minus, e = _swiglu_sigmoid_parts(g)
+    _, one_minus, e = _swiglu_sigmoid_parts(g)
     rounding = np.where(g >= 0, 2 * np.minimum(u, e), 2 * u)
     return u * (EXP_ULPS + np.abs(g)) * one_minus + rounding
 

@@ -3,9 +3,9 @@
 Parametrised from the registry (properties/registry.py): a new op or check needs
 no edit here. Test ids read ``op-impl-dtype-check``.
 """
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-import pytest
 
 from properties import harness
 

@@ -60,9 +60,10 @@ def test_replay_module_reproduces_the_failure(report_dir):
 def test_reports_follow_the_schema(tmp_path):
     collector = report.Collector()
     target = _failing_target()
-    from properties.oracle import compare
     import numpy as np
     import torch
+
+    from properties.oracle import compare
     sink = collector.sink(target, CASE)
     sink(compare("y", torch.tensor([1.0, 2.0]), np.array([1.0, 2.5]), np.array([0.1, 0.1])))
     collector.dump(tmp_path / "parts", "main")

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import find, given, settings
-from hypothesis import strategies as st
 
 from properties.strategies import Case, Layout, TensorSpec, block_edges, layouts, sizes, tensors
 
