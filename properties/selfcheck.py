@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import select
 import signal
+import time
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +36,7 @@ CONTROLS: dict[str, tuple[str, ...]] = {
 
 HUNT_EXAMPLES = 60  # a mutant must die within this many examples (per dtype tried)
 CONTROL_EXAMPLES = 4
+ISOLATED_TIMEOUT_S = 300  # one mutant hunt in one dtype: ~10 s on a CI core; longer is a hang
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,10 @@ def isolated(fn, *args) -> Verdict:
     in-process."""
     if backend.current() == "cuda" or not hasattr(os, "fork"):
         return fn(*args)
+    # torch's OpenMP pool does not survive fork: a child that enters a parallel region
+    # the parent has used waits forever on the pool's futex. One thread per process
+    # never enters one (and two xdist workers on two cores want one thread each anyway).
+    torch.set_num_threads(1)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # child
@@ -126,8 +133,19 @@ def isolated(fn, *args) -> Verdict:
             out.write(payload)
         os._exit(0)
     os.close(write)
-    with os.fdopen(read, "rb") as inp:
-        payload = inp.read()
+    chunks, deadline = [], time.monotonic() + ISOLATED_TIMEOUT_S
+    with os.fdopen(read, "rb", buffering=0) as inp:
+        while True:
+            ready, _, _ = select.select([inp], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:  # a hang is a failure, never a stuck test run
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return Verdict(True, None, f"did not finish in {ISOLATED_TIMEOUT_S} s: the process hung")
+            chunk = inp.read(1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    payload = b"".join(chunks)
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         sig = signal.Signals(os.WTERMSIG(status)).name

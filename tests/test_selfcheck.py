@@ -4,9 +4,12 @@ Every mutant must fail every check it claims to be killed by; every control must
 pass every check in every dtype, except the checks its ``expected_failures`` names
 with a reason (reported as xfail when the hunt does hit them). The kill rate is printed at the end of the run.
 """
-import pytest
+import time
 
-from properties import registry, selfcheck
+import pytest
+import torch
+
+from properties import backend, registry, selfcheck
 
 MUTANTS = selfcheck.mutants()
 CONTROLS = selfcheck.controls()
@@ -34,3 +37,26 @@ def test_control_passes(control, dtype, check):
     if expected and verdict.failed:
         pytest.xfail(f"expected failure (registry data): {expected}")
     assert not verdict.failed, f"control {control.name} fails {check.name}: {verdict.text}"
+
+
+def _matmul_verdict() -> selfcheck.Verdict:
+    a = torch.ones(512, 512, dtype=torch.float64)
+    return selfcheck.Verdict(False, None, str(float((a @ a).sum())))
+
+
+@pytest.mark.skipif(backend.current() == "cuda", reason="hunts run in-process on CUDA (no fork)")
+def test_isolated_child_runs_torch_after_the_parent_used_its_thread_pool(monkeypatch):
+    # the CI hang this guards against: a forked child waiting forever on OpenMP's futex
+    monkeypatch.setattr(selfcheck, "ISOLATED_TIMEOUT_S", 30)
+    torch.set_num_threads(2)
+    a = torch.ones(512, 512, dtype=torch.float64)
+    assert float((a @ a).sum()) == 512.0**3
+    verdict = selfcheck.isolated(_matmul_verdict)
+    assert (verdict.failed, verdict.text) == (False, str(512.0**3))
+
+
+@pytest.mark.skipif(backend.current() == "cuda", reason="hunts run in-process on CUDA (no fork)")
+def test_isolated_turns_a_hang_into_a_failed_verdict(monkeypatch):
+    monkeypatch.setattr(selfcheck, "ISOLATED_TIMEOUT_S", 1)
+    verdict = selfcheck.isolated(time.sleep, 60)
+    assert verdict.failed and "hung" in verdict.text
