@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,7 +72,11 @@ def _patched_module(module: ModuleType, patches: tuple[tuple[str, str], ...], ta
     _CACHE.mkdir(exist_ok=True)
     path = _CACHE / f"{name}.py"
     if not path.exists() or path.read_text() != source:
-        path.write_text(source)
+        # xdist workers collect at the same time: a reader must never see a half-written
+        # file (a truncated module imports without the op's function), so write then rename
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
     spec = importlib.util.spec_from_file_location(name, path)
     patched = importlib.util.module_from_spec(spec)
     sys.modules[name] = patched
