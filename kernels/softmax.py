@@ -37,7 +37,7 @@ def _softmax_fwd_kernel(
     stride_xr,  # elements between rows of X
     stride_xc,  # elements between columns of X
     N,  # row length
-    temperature,  # T > 0; z = x / T is a division, so it rounds as the contract's formula
+    temperature,  # T > 0; z = x / T is an IEEE division, so it rounds as the contract's formula
     BLOCK: tl.constexpr,
     SINGLE_BLOCK: tl.constexpr,
 ):
@@ -47,7 +47,8 @@ def _softmax_fwd_kernel(
     cols = tl.arange(0, BLOCK)
     if SINGLE_BLOCK:
         mask = cols < N
-        z = tl.load(x_row + cols * stride_xc, mask=mask, other=float("-inf")).to(tl.float32) / temperature
+        x = tl.load(x_row + cols * stride_xc, mask=mask, other=float("-inf")).to(tl.float32)
+        z = tl.div_rn(x, temperature)
         m = tl.max(z, axis=0)
         e = tl.exp(z - m)
         s = tl.sum(e, axis=0)
@@ -58,7 +59,8 @@ def _softmax_fwd_kernel(
         s_lane = tl.zeros([BLOCK], tl.float32)
         for start in range(0, N, BLOCK):
             offs = start + cols
-            z = tl.load(x_row + offs * stride_xc, mask=offs < N, other=float("-inf")).to(tl.float32) / temperature
+            x = tl.load(x_row + offs * stride_xc, mask=offs < N, other=float("-inf")).to(tl.float32)
+            z = tl.div_rn(x, temperature)
             m_new = tl.maximum(m_lane, z)
             # A lane that has seen only -inf keeps s = 0; exp(-inf - -inf) would be NaN.
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -71,7 +73,12 @@ def _softmax_fwd_kernel(
         for start in range(0, N, BLOCK):
             offs = start + cols
             mask = offs < N
-            z = tl.load(x_row + offs * stride_xc, mask=mask, other=float("-inf")).to(tl.float32) / temperature
+            # z must be bitwise the z of the first pass: near fp32's max one ulp is ~1e31, and
+            # exp(z - m) of an argmax that came out one ulp larger is inf. `/` lowers to an
+            # approximate division on NVIDIA that LLVM may compile differently in each loop;
+            # div_rn is IEEE round-to-nearest everywhere (and is the contract's x / T).
+            x = tl.load(x_row + offs * stride_xc, mask=mask, other=float("-inf")).to(tl.float32)
+            z = tl.div_rn(x, temperature)
             tl.store(y_row + offs, (tl.exp(z - m) / s).to(Y.dtype.element_ty), mask=mask)
 
 

@@ -4,8 +4,8 @@ from mutants import mutant
 
 padded_lanes_zero = mutant(
     "softmax", kernel,
-    [('z = tl.load(x_row + cols * stride_xc, mask=mask, other=float("-inf"))',
-      'z = tl.load(x_row + cols * stride_xc, mask=mask, other=0.0)')],
+    [('x = tl.load(x_row + cols * stride_xc, mask=mask, other=float("-inf"))',
+      'x = tl.load(x_row + cols * stride_xc, mask=mask, other=0.0)')],
     name="padded_lanes_zero",
     bug="Lanes past the row end load 0 instead of -inf, so each adds exp(0 - m) to the sum. "
         "Class: wrong identity for a masked reduction (the seed attention kernel's bug). "
@@ -24,8 +24,7 @@ no_max_subtraction = mutant(
 
 temperature_multiplied = mutant(
     "softmax", kernel,
-    [('mask=mask, other=float("-inf")).to(tl.float32) / temperature\n        m = tl.max(z, axis=0)',
-      'mask=mask, other=float("-inf")).to(tl.float32) * temperature\n        m = tl.max(z, axis=0)')],
+    [("z = tl.div_rn(x, temperature)\n        m = tl.max(z, axis=0)", "z = x * temperature\n        m = tl.max(z, axis=0)")],
     name="temperature_multiplied",
     bug="x * T instead of x / T in the single-block path. Class: inverted scale parameter. "
         "Trigger: any T != 1 on a row that fits one block.",
@@ -38,8 +37,10 @@ masked_lane_nan = mutant(
     name="masked_lane_nan",
     bug="The online pass rescales a lane that has seen only -inf by exp(-inf - -inf) = NaN, "
         "which poisons the row sum. Class: missing guard in online softmax. Trigger: -inf "
-        "entries in a row longer than one block.",
-    kills=("matches_reference", "neg_inf_gives_zero"),
+        "entries in a row longer than one block. matches_reference draws a masked row past one "
+        "block in about 1 example of 100 and misses it in a 60-example hunt; "
+        "neg_inf_gives_zero draws masked rows every time.",
+    kills=("neg_inf_gives_zero",),
 )
 
 row_stride_assumed = mutant(

@@ -24,7 +24,7 @@ BLOCKS = (1024, 8192)  # the project kernel's single-block limits (interpreter, 
 def softmax_cases(draw, dtype: torch.dtype) -> Case:
     """Rows of any length (past one block included) under up to two leading dims."""
     n = draw(sizes(1, CONFIG.pick(2100, 2**17 + 3), blocks=BLOCKS))
-    max_rows = max(1, min(CONFIG.pick(12, 4096), CONFIG.pick(2**14, 2**22) // n))
+    max_rows = max(1, min(CONFIG.pick(12, 4096), CONFIG.pick(2**14, 2**20) // n))
     lead = tuple(draw(st.lists(sizes(1, max_rows), max_size=2).filter(lambda d: math.prod(d) <= max_rows)))
     temperature = draw(st.sampled_from(TEMPERATURES))
     # The domain: x / T finite in the input dtype. An input near the dtype's max
@@ -155,7 +155,7 @@ def shift_invariant(case: Case, impl: Implementation) -> None:
     dtype = x.dtype
     x64 = to_numpy(x)
     shifted = torch.from_numpy(x64 + c).to(dtype)
-    if not torch.isfinite(shifted[torch.isfinite(x)]).all():
+    if not torch.isfinite(shifted[torch.isfinite(x).cpu()]).all():
         return  # x + c overflows the dtype: no such input exists
     x_new = case.tensors["x"].layout.apply(shifted.to(x.device)) if case.tensors["x"].layout else shifted.to(x.device)
     delta = (to_numpy(x_new) - (x64 + c)) / case.params["temperature"]
@@ -170,7 +170,7 @@ def temperature_equivalent(case: Case, impl: Implementation) -> None:
     t = case.params["temperature"]
     x64 = to_numpy(x)
     scaled = torch.from_numpy(x64 / t).to(x.dtype)
-    if not torch.isfinite(scaled[torch.isfinite(x)]).all():
+    if not torch.isfinite(scaled[torch.isfinite(x).cpu()]).all():
         return
     delta = to_numpy(scaled) - x64 / t
     _metamorphic(case, impl, scaled.to(x.device), delta, 1.0, f"softmax(x / {t:g}, 1) != softmax(x, {t:g})")
