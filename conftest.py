@@ -6,6 +6,7 @@ registered under the same name, replaces it and is loaded explicitly.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,11 @@ def pytest_configure(config):
     config._tritoncheck = {"skipped": [], "profile": profile, "backend": chosen, "counted": 0, "kills": []}
     if not _is_worker(config):
         report.clear_parts(CONFIG.report_dir)
+    else:
+        # Each xdist worker's fp64 references would otherwise start one thread per core:
+        # 14 workers on 16 cores ran 14 x 16 threads and spent the GPU run waiting on them.
+        workers = int(config.workerinput.get("workercount", 1))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def pytest_cmdline_main(config):

@@ -49,7 +49,7 @@ def rope_cases(draw, dtype: torch.dtype) -> Case:
     overflow the dtype. x holds no inf or NaN (the contract does not define them).
     """
     half = draw(sizes(1, CONFIG.pick(40, 256), blocks=ROPE_PAIR_BLOCKS))
-    budget = CONFIG.pick(2**12, 2**21) // half  # B * H * S; x has 2 * half times as many elements
+    budget = CONFIG.pick(2**12, 2**20) // half  # B * H * S; x has 2 * half times as many elements
     s = draw(sizes(1, max(1, min(CONFIG.pick(48, 8192), budget)), blocks=ROPE_ROW_TILES))
     b = draw(sizes(1, max(1, min(CONFIG.pick(3, 8), budget // s))))
     h = draw(sizes(1, max(1, min(CONFIG.pick(4, 64), budget // (s * b)))))
@@ -145,7 +145,7 @@ def swiglu_cases(draw, dtype: torch.dtype) -> Case:
     domain's limit (:func:`_swiglu_caps`). No inf or NaN (the contract does not
     define them: silu(-inf) is NaN)."""
     n = draw(sizes(1, CONFIG.pick(600, 2**16), blocks=SWIGLU_BLOCKS))
-    max_rows = max(1, min(CONFIG.pick(8, 4096), CONFIG.pick(2**12, 2**22) // n))
+    max_rows = max(1, min(CONFIG.pick(8, 4096), CONFIG.pick(2**12, 2**20) // n))
     lead = tuple(draw(st.lists(sizes(1, max_rows), max_size=2).filter(lambda d: math.prod(d) <= max_rows)))
     shape = lead + (n,)
     cap, _ = _swiglu_caps(dtype)

@@ -33,7 +33,7 @@ def cross_entropy_cases(draw, dtype: torch.dtype) -> Case:
     backward lose all digits (the gradient rule caps their error at [0, 1]).
     """
     v = draw(sizes(1, CONFIG.pick(700, 2**17 + 3), blocks=BLOCKS))
-    max_rows = max(1, min(CONFIG.pick(8, 4096), CONFIG.pick(2**12, 2**22) // v))
+    max_rows = max(1, min(CONFIG.pick(8, 4096), CONFIG.pick(2**12, 2**20) // v))
     m = draw(sizes(1, max_rows))
     cap = min(float(torch.finfo(dtype).max), float(torch.finfo(torch.float32).max) / 4)
     # "offset" twice: a large common offset of either sign (logits all near -1e4 are

@@ -55,7 +55,7 @@ def _shape(draw, row_blocks: int) -> tuple[int, ...]:
     that product by ``row_blocks``: up to 12 rows of N <= 64, 2-3 rows of N ~ 300."""
     n = draw(sizes(1, CONFIG.pick(300, 16384), blocks=BLOCKS))
     small_rows = max(1, row_blocks // -(-n // BLOCKS[0]))
-    max_rows = max(1, min(CONFIG.pick(min(12, small_rows), 4096), CONFIG.pick(2**12, 2**24) // n))
+    max_rows = max(1, min(CONFIG.pick(min(12, small_rows), 4096), CONFIG.pick(2**12, 2**21) // n))
     lead = tuple(draw(st.lists(sizes(1, max_rows), max_size=2).filter(lambda d: math.prod(d) <= max_rows)))
     return lead + (n,)
 

@@ -6,6 +6,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT/gpu"
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+# one BLAS/OpenMP thread per process: the xdist workers already fill the cores
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 WORKERS=${WORKERS:-12}
 SUITE_S=${SUITE_S:-280}  # the whole script fits the device tool's 600 s per call
 log() { echo "== $(date +%T) $*" | tee -a "$OUT/gpu/run.log"; }
