@@ -143,14 +143,18 @@ def softmax_grad(x: np.ndarray, y: np.ndarray, dy: np.ndarray, dx: np.ndarray,
     fp16's subnormal range is only good to its spacing, which a large dy_j
     amplifies); <dy, y> then errs by sum_j |dy_j| a_j + sum_j |dy_j y_j| sum_error(n),
     y_i (dy_i - <dy, y>) by a_i |dy_i - <dy, y>| + |y_i| times that; the result is
-    rounded on the way (the division by T in the input dtype, the store).
+    rounded on the way (the division by T in the input dtype, the store). Below the
+    smallest normal the rounding is absolute: the gradient of z = x / T rounds to the
+    subnormal grid (half a spacing) before the division scales it by 1/T, and the store
+    rounds once more (half a spacing), so the floor is max(1, 1/T) spacings (seen on an
+    H100: torch.softmax(x / 0.5) in fp16, 2 subnormal spacings off an exact -2.2e-8).
     """
     a = softmax(x, y, temperature, p)
     n = np.isfinite(x).sum(axis=-1, keepdims=True)
     inner = np.sum(dy * y, axis=-1, keepdims=True)
     inner_err = np.sum(np.abs(dy) * a + np.abs(dy * y) * sum_error(n, p.compute), axis=-1, keepdims=True)
     bound = (a * (np.abs(dy - inner) + inner_err) + np.abs(y) * inner_err) / temperature
-    return SAFETY * bound + 2 * p.store * np.abs(dx) + p.floor
+    return SAFETY * bound + 2 * p.store * np.abs(dx) + p.floor * max(1.0, 1.0 / temperature)
 
 
 def row_sum(allowed: np.ndarray) -> np.ndarray:
