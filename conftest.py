@@ -48,6 +48,7 @@ def _is_worker(config) -> bool:
     return hasattr(config, "workerinput")
 
 
+@pytest.hookimpl(trylast=True)  # after Hypothesis's plugin loads --hypothesis-profile, so --max-examples caps it
 def pytest_configure(config):
     try:
         chosen = backend.select(config.getoption("--backend"))

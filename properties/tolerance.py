@@ -492,6 +492,15 @@ def _la_causal_abs_numerator(q: np.ndarray, k: np.ndarray, va: np.ndarray, block
     return out
 
 
+# A dot operand below fp32's smallest normal may be read as another value within about
+# that much: GPUs flush subnormals to zero, and the Triton interpreter converts bf16
+# subnormals to fp32 wrongly (1.38e-39 is read as 1.03e-38, 1.3e-40 as 0; seen on Triton
+# 3.9, on loads and on stores), and a 3-pass tf32 dot ("tf32x3") loses the low part
+# a - tf32(a) of an operand within 2^11 of it (that part is subnormal). Each product
+# of a dot may so err by DOT_READ_FLOOR times the other operand.
+DOT_READ_FLOOR = float(torch.finfo(torch.float32).tiny)
+
+
 def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, causal: bool,
                      eps: float, p: Precision) -> np.ndarray:
     """Allowed absolute error of o_i = (q_i S_i) / (q_i . z_i + eps) (S_i, z_i over j <= i
@@ -503,7 +512,8 @@ def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
     sum, sum_error(D)) gives the numerator an error relative to
     M_i = q_i . P_i = sum_j (q_i . k_j) |v_j|, computed here in fp64 from the inputs.
     Each product is a tl.dot product (``p.dot``: u(fp32) under the interpreter, 2^-21
-    for a kernel that declares "tf32x3" on CUDA, see :func:`declared_dot`); a chunked
+    for a kernel that declares "tf32x3" on CUDA, see :func:`declared_dot`, plus
+    DOT_READ_FLOOR times the other operand near fp32's underflow); a chunked
     causal kernel forms (q_i . k_j) v_j through the scores (one dot each for Q K^T and
     A V), so two dot units per term. The denominator d_i = q_i . z_i + eps has only
     positive terms: (sum_error(n_i) + sum_error(D) + dot + u) relative. fp16/bf16
@@ -537,8 +547,14 @@ def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
     q1 = q.sum(axis=-1, keepdims=True)
     uc, ui, fl = p.compute, unit_roundoff(p.dtype), _la_half_subnormal(p.dtype)
     e_sum = sum_error(n, uc) + sum_error(D, uc)
-    num_err = (e_sum + 2 * p.dot + 3 * ui) * m_abs + fl * (q1 * (n + 1) + 1)
-    den_err = (e_sum + p.dot + uc + 3 * ui) * den + fl * (q1 + 2)
+    # operands misread by up to DOT_READ_FLOOR (see there): k v^T (or q k^T) products err
+    # by F (|v| + |k|) summed over j, reading with q adds F (q1 + the read sums); the
+    # factor 2 covers the causal kernel's two dots per term
+    v1 = np.cumsum(va, axis=2) if causal else np.broadcast_to(va.sum(axis=2, keepdims=True), va.shape)
+    k1 = z.sum(axis=-1, keepdims=True)
+    reads = 2 * DOT_READ_FLOOR * (q1 + 1) * (v1 + k1 + 1)
+    num_err = (e_sum + 2 * p.dot + 3 * ui) * m_abs + fl * (q1 * (n + 1) + 1) + reads
+    den_err = (e_sum + p.dot + uc + 3 * ui) * den + fl * (q1 + 2) + DOT_READ_FLOOR * (q1 + k1)
     oa = np.abs(np.where(np.isfinite(o), o, 0.0))
     err = num_err / den + oa * den_err / den + uc * oa
     return SAFETY * err + p.store * oa + p.floor
@@ -556,12 +572,6 @@ def attention_scores(q: np.ndarray, k: np.ndarray, causal: bool, scale: float):
     return np.where(visible, s, -np.inf), visible
 
 
-# A dot operand below fp32's smallest normal may be read as another value within about
-# that much: GPUs flush subnormals to zero, and the Triton interpreter converts bf16
-# subnormals to fp32 wrongly (1.38e-39 is read as 1.03e-38, 1.3e-40 as 0; seen on Triton
-# 3.9, on loads and on stores). Each product of a dot may so err by ATTENTION_READ_FLOOR
-# times the other operand.
-ATTENTION_READ_FLOOR = float(torch.finfo(torch.float32).tiny)
 
 
 def attention_score_error(q: np.ndarray, k: np.ndarray, s: np.ndarray, visible: np.ndarray,
@@ -578,11 +588,11 @@ def attention_score_error(q: np.ndarray, k: np.ndarray, s: np.ndarray, visible: 
     u(dtype) |s| in lse and, through score differences, in o. The exponent s_ij - m
     (m <= the row max: online running maxima only get closer to s_ij) rounds
     (u |s_ij - m|) and exp/exp2 adds EXP_ULPS u. Operands below the smallest normal:
-    ATTENTION_READ_FLOOR scale (sum_d |q_id| + |k_jd|).
+    DOT_READ_FLOOR scale (sum_d |q_id| + |k_jd|).
     """
     d = q.shape[-1]
     a = scale * (np.abs(q) @ np.swapaxes(np.abs(k), -1, -2))
-    reads = scale * ATTENTION_READ_FLOOR * (np.sum(np.abs(q), axis=-1)[..., :, None]
+    reads = scale * DOT_READ_FLOOR * (np.sum(np.abs(q), axis=-1)[..., :, None]
                                             + np.sum(np.abs(k), axis=-1)[..., None, :])
     u_in = unit_roundoff(p.dtype)
     with np.errstate(invalid="ignore"):
@@ -664,7 +674,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: n
         score_part = (w @ av + np.sum(w, axis=-1, keepdims=True) * ao) / z
         sub = np.where(visible & (pr < 4 * tiny), 1.0, 0.0)
         rounding = u_p * pv + p_floor * (sub @ av) + (sum_error(n, p.compute) + 2 * nb * p.compute) * (pv + ao) \
-            + p.compute * ao + ATTENTION_READ_FLOOR
+            + p.compute * ao + DOT_READ_FLOOR
         vmax = np.maximum.accumulate(av, axis=-2) if causal else np.max(av, axis=-2, keepdims=True)
         o_allowed = np.minimum(score_part + SAFETY * rounding, 2 * (vmax + ao)) + p.store * ao + attention_floor(p)
 
@@ -679,6 +689,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: n
             + p.compute * (2 * np.abs(m) + np.abs(lse) + np.abs(lse - m) + EXP_ULPS)) \
             + float(torch.finfo(torch.float32).tiny)
     return o_allowed, lse_allowed
+
+
+PARTIAL_SUM_BLOCK = 32  # rows per partial gradient sum in PyTorch's CPU flash attention
 
 
 def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, p: Precision) -> dict:
@@ -700,8 +713,12 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
       (on dS or on scale dS, whichever is larger).
     - dq, dk, dv: the entry errors through the products, plus (p.dot + sum_error(n)) for
       the sums of n terms, the scale product (u), the store (p.store) and p.floor;
-      operands below the smallest normal (ATTENTION_READ_FLOOR times the other
+      operands below the smallest normal (DOT_READ_FLOOR times the other
       operand's sum: |dS| for a misread k or q, P for a misread dO, |dO| + |v| in dP).
+    - a plain implementation may sum dk, dv over blocks of 32 queries (dq over blocks of
+      32 keys) rounding each partial sum to the dtype: PyTorch's CPU flash attention
+      backward in fp16 gave dk 2 subnormal spacings off an exact -4.0e-8 over 65 queries.
+      Each extra rounding adds u(dtype) |g| + half the dtype's subnormal spacing.
     SAFETY multiplies the first-order roundings; the P and score parts carry it already.
     """
     s, visible = attention_scores(q, k, causal, scale)
@@ -729,15 +746,15 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
         ds_floor = p_floor * max(1.0, 1.0 / scale)
         ds = pr * (dp - delta)
         e_dp = (p.dot + sum_error(d, p.compute)) * (ad @ kt(av)) + u_in * np.abs(dp) \
-            + ATTENTION_READ_FLOOR * (np.sum(ad, axis=-1)[..., :, None] + np.sum(av, axis=-1)[..., None, :])
+            + DOT_READ_FLOOR * (np.sum(ad, axis=-1)[..., :, None] + np.sum(av, axis=-1)[..., None, :])
         e_delta = sum_error(d, p.compute) * np.sum(ad * ao, axis=-1, keepdims=True) \
             + np.sum((p_rel + u_in * pr) * np.abs(dp), axis=-1, keepdims=True)
         e_ds = p_rel * r + pr * np.sum(ad * o_allowed, axis=-1, keepdims=True) + SAFETY * (
             pr * (e_dp + e_delta + p.compute * r) + (u_p + u_in) * np.abs(ds) + ds_floor * visible)
         e_ds = np.minimum(e_ds, 1e300)
         ads = np.abs(ds)
-        reads_row = ATTENTION_READ_FLOOR * np.sum(ads, axis=-1, keepdims=True)  # k misread, per dq_i
-        reads_col = ATTENTION_READ_FLOOR * kt(np.sum(ads, axis=-2, keepdims=True))  # q misread, per dk_j
+        reads_row = DOT_READ_FLOOR * np.sum(ads, axis=-1, keepdims=True)  # k misread, per dq_i
+        reads_col = DOT_READ_FLOOR * kt(np.sum(ads, axis=-2, keepdims=True))  # q misread, per dk_j
         dq_allowed = scale * (e_ds @ np.abs(k) + SAFETY * reads_row + SAFETY * (p.dot + sum_error(n_row, p.compute)) * (ads @ np.abs(k))) \
             + (SAFETY * p.compute + p.store) * np.abs(dq) + attention_floor(p)
         dk_allowed = scale * (kt(e_ds) @ np.abs(q) + SAFETY * reads_col
@@ -745,9 +762,15 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
             + (SAFETY * p.compute + p.store) * np.abs(dk) + attention_floor(p)
         e_p = p_rel + SAFETY * (u_p * pr + p_floor * (visible & (pr < 4 * tiny)))
         dv_allowed = kt(e_p) @ ad + SAFETY * (p.dot + sum_error(n_col, p.compute)) * (kt(pr) @ ad) \
-            + SAFETY * ATTENTION_READ_FLOOR * kt(np.sum(pr, axis=-2, keepdims=True)) \
+            + SAFETY * DOT_READ_FLOOR * kt(np.sum(pr, axis=-2, keepdims=True)) \
             + p.store * np.abs(dv) + attention_floor(p)
-    return {"dq": dq_allowed, "dk": dk_allowed, "dv": dv_allowed}
+
+    def partial_sums(g, n):
+        return max(0, -(-n // PARTIAL_SUM_BLOCK) - 1) * (u_in * np.abs(g) + p.floor / 2)
+
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    return {"dq": dq_allowed + partial_sums(dq, n_k), "dk": dk_allowed + partial_sums(dk, n_q),
+            "dv": dv_allowed + partial_sums(dv, n_q)}
 
 
 # ------------------------------------------------------------- layer_norm, dropout + layer_norm
