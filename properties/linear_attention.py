@@ -8,8 +8,9 @@ dtype) or by |x| (features that span many orders of magnitude, down to the 1e-4 
 1e-6 where eps matters). The map is recorded in the case's params (``q_map``,
 ``k_map``), so a case rebuilt from its JSON replays with the same inputs. The
 contract's intermediates must be finite in the input dtype: z = sum_j k_j,
-P = sum_j k_j |v_j|^T (which bounds |S|), q_i . z and q_i . P, all at most the
-dtype's largest value / 16 (fp32's for bf16). A case whose draw exceeds that has k,
+P = sum_j k_j |v_j|^T (which bounds |S|), q_i . z and q_i . P, the inputs q and v
+themselves and the output bound q_i . P / eps, all at most the dtype's largest
+value / 16 (fp32's for bf16). A case whose draw exceeds that has k,
 then q, then v scaled down by a power of two until it holds (the same rule
 softmax follows: an fp16 user whose ``einsum`` state overflows fp16 has left the
 contract; the kernel's fp32 state does not overflow there, but a plain implementation
@@ -188,11 +189,18 @@ class FeatureCase(Case):
         _scale_into(k, float(k64.sum(axis=2).max(initial=0.0)), limit)
         k64 = to_numpy(k)
         z = k64.sum(axis=2)
-        _scale_into(q, float(np.einsum("bhnd,bhd->bhn", to_numpy(q), z).max(initial=0.0)), limit)
+        # q and v themselves too: a 3-pass tf32 dot rounds an operand within 2^-11 of
+        # fp32's max to inf (then 0 * inf = NaN through a causal mask; seen on an H100)
+        q_size = np.einsum("bhnd,bhd->bhn", to_numpy(q), z).max(initial=0.0)
+        _scale_into(q, float(max(q_size, to_numpy(q).max(initial=0.0))), limit)
         q64 = to_numpy(q)
-        p_abs = np.einsum("bhnd,bhne->bhde", k64, np.abs(to_numpy(v)))
+        va = np.abs(to_numpy(v))
+        p_abs = np.einsum("bhnd,bhne->bhde", k64, va)
         m_abs = np.einsum("bhnd,bhde->bhne", q64, p_abs)
-        _scale_into(v, max(float(p_abs.max(initial=0.0)), float(m_abs.max(initial=0.0))), limit)
+        # |o_i| <= M_i / eps (q . z_i >= 0): an output past the range is inf or NaN by the
+        # order of the sums, which no rule can compare, so o stays finite as well
+        o_size = m_abs.max(initial=0.0) / self.params.get("eps", 1e-6)
+        _scale_into(v, float(max(p_abs.max(initial=0.0), m_abs.max(initial=0.0), o_size, va.max(initial=0.0))), limit)
         if dtype == torch.bfloat16 and backend.current() == "interpret":
             # The interpreter converts bf16 subnormals to fp32 wrongly (1e-39 loads as
             # 4.4e-39, 9.2e-41 as 0; right on the GPU), which moves an output whose row

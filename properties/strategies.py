@@ -273,6 +273,9 @@ class TensorSpec:
         return cls(**d)
 
 
+_NON_FINITE = ("inf", "-inf", "nan")  # how _json_float writes them; other strings stay strings
+
+
 def _json_float(v: float):
     return v if math.isfinite(v) else repr(v)  # 'inf', '-inf', 'nan' parse back with float()
 
@@ -377,7 +380,7 @@ class Case:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Case":
-        params = {k: float(v) if isinstance(v, str) else v for k, v in d.get("params", {}).items()}
+        params = {k: float(v) if v in _NON_FINITE else v for k, v in d.get("params", {}).items()}
         return cls(op=d["op"], dtype=d["dtype"], args=tuple(d["args"]),
                    tensors={k: TensorSpec.from_json(v) for k, v in d["tensors"].items()},
                    params=params, kwargs=dict(d.get("kwargs", {})))

@@ -80,3 +80,11 @@ def test_reports_follow_the_schema(tmp_path):
     assert "| softmax | padded_lanes_zero | float32 | y |" in (tmp_path / "report.md").read_text()
     html = (tmp_path / "report.html").read_text()
     assert "<canvas" in html and "padded_lanes_zero" in html
+
+
+def test_case_json_keeps_string_params_and_non_finite_floats():
+    # a linear_attention case records its feature maps as strings ('elu'); replay of
+    # such a case once failed on float('elu')
+    case = Case("softmax", "float32", ("x",), {}, {"q_map": "elu", "t": float("inf"), "e": 1e-6})
+    back = Case.from_json(json.loads(json.dumps(case.to_json())))
+    assert back.params == {"q_map": "elu", "t": float("inf"), "e": 1e-6}
