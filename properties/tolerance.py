@@ -95,7 +95,10 @@ def softmax_exponent_error(x: np.ndarray, temperature: float, p: Precision) -> t
 
     z_i = x_i / T rounds: in fp32 inside a kernel, but ``torch.softmax(x / t)``, the
     way users write it, rounds z in the input dtype, so for T != 1 the rule allows
-    u(input) |z_i| (and the same for the max m); for T == 1 the division is exact.
+    u(input) |z_i| for z_i and u(input) sum_j y_j |z_j| (at least u |m|) through the
+    normaliser log sum_j e^{z_j}: with a max of 0 and 61 equal z_j = -5.9 holding 15% of
+    the weight, the latter is what moved torch.softmax(x / 0.1) in fp16 by 2.5 ulp on an
+    H100; for T == 1 the division is exact.
     z_i - m rounds (u |z_i - m|); exp adds EXP_ULPS u plus u |z_i - m| from the
     log2(e) scaling; the sum s of n positive terms adds sum_error(n); the division
     adds u. Each is an error in log y_i. Entries that are -inf are exactly 0 and drop
@@ -110,7 +113,9 @@ def softmax_exponent_error(x: np.ndarray, temperature: float, p: Precision) -> t
         log_y = np.where(finite, zf - m, -np.inf) - np.log(np.sum(np.where(finite, np.exp(zf - m), 0.0),
                                                                    axis=-1, keepdims=True))
     n = finite.sum(axis=-1, keepdims=True)
-    divide = (unit_roundoff(p.dtype) if temperature != 1 else 0.0) * (np.abs(zf) + np.abs(m))
+    with np.errstate(invalid="ignore", over="ignore"):
+        weighted = np.sum(np.where(finite, np.exp(log_y) * np.abs(zf), 0.0), axis=-1, keepdims=True)
+    divide = (unit_roundoff(p.dtype) if temperature != 1 else 0.0) * (np.abs(zf) + np.maximum(np.abs(m), weighted))
     exponent = np.abs(zf) + np.abs(m) + 2 * np.abs(zf - m)
     err = SAFETY * (divide + p.compute * (exponent + EXP_ULPS + 1) + sum_error(n, p.compute))
     return err, log_y
@@ -708,7 +713,8 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
       store dO V^T in the input dtype.
     - delta_i: sum_d |dO_id| (the o allowance) + sum_error(D) sum_d |dO_id O_id|, and for a
       softmax backward computing it as sum_j P_ij dP_ij: sum_j P_ij (dP_ij + u) |dP_ij|.
-    - dS_ij: P_ij (dP_ij |dP - delta| + err(dP) + err(delta) + u |dP - delta|), rounded to
+    - dS_ij: P_ij (dP_ij |dP - delta| + err(dP) + err(delta) + u |dP - delta|) and, for a P_ij
+      near underflow, p_floor |dP_ij - delta_i|; rounded to
       the dtype (u_p, and u(dtype) for the scale product of plain PyTorch) and p_floor
       (on dS or on scale dS, whichever is larger).
     - dq, dk, dv: the entry errors through the products, plus (p.dot + sum_error(n)) for
@@ -749,8 +755,12 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
             + DOT_READ_FLOOR * (np.sum(ad, axis=-1)[..., :, None] + np.sum(av, axis=-1)[..., None, :])
         e_delta = sum_error(d, p.compute) * np.sum(ad * ao, axis=-1, keepdims=True) \
             + np.sum((p_rel + u_in * pr) * np.abs(dp), axis=-1, keepdims=True)
+        # a P near underflow is only known to p_floor (a GPU's exp2 flushes it to 0), and
+        # dS = P (dP - delta) carries that times |dP - delta| (H100: dk 0 for -6e-37 with
+        # v near fp32's max, where |dP - delta| ~ 1e36)
+        p_underflow = p_floor * r * (visible & (pr < 4 * tiny))
         e_ds = p_rel * r + pr * np.sum(ad * o_allowed, axis=-1, keepdims=True) + SAFETY * (
-            pr * (e_dp + e_delta + p.compute * r) + (u_p + u_in) * np.abs(ds) + ds_floor * visible)
+            pr * (e_dp + e_delta + p.compute * r) + (u_p + u_in) * np.abs(ds) + ds_floor * visible + p_underflow)
         e_ds = np.minimum(e_ds, 1e300)
         ads = np.abs(ds)
         reads_row = DOT_READ_FLOOR * np.sum(ads, axis=-1, keepdims=True)  # k misread, per dq_i
