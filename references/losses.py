@@ -54,8 +54,10 @@ def cross_entropy(logits, target, ignore_index=-100):
 
 def cross_entropy_torch(logits, target, ignore_index=-100):
     """Differentiable fp64 cross-entropy per row; ``logits`` is promoted to float64."""
-    x = logits.to(torch.float64)
     ignored = target == ignore_index
+    # An ignored row's loss is the constant 0, so its gradient is exactly 0; computing its
+    # lse first would send 0 * NaN back through a row of -inf logits.
+    x = torch.where(ignored[:, None], 0.0, logits.to(torch.float64))
     safe_target = torch.where(ignored, torch.zeros_like(target), target)
     m = x.detach().max(dim=1, keepdim=True).values
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # lse does not depend on m
