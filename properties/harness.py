@@ -67,6 +67,7 @@ class Target:
 
     def run(self, case: Case) -> None:
         sink = _collector.sink(self, case) if _collector is not None and self.check.name in RECORDED_CHECKS else None
+        invalid = False
         try:
             if sink is None:
                 self.check.run(case, self.impl)
@@ -76,6 +77,7 @@ class Target:
         except NotApplicable as exc:
             pytest.skip(str(exc))
         except UnsatisfiedAssumption:
+            invalid = True
             raise  # Hypothesis discards the example: not a failure, nothing to save
         except Exception as exc:
             path = save_failure(self, case)
@@ -86,6 +88,9 @@ class Target:
             if hasattr(exc, "add_note"):
                 exc.add_note(note)
             raise
+        finally:
+            if _collector is not None:
+                _collector.count(self, invalid)
 
 
 def save_failure(target: Target, case: Case) -> Path:

@@ -26,11 +26,15 @@ class Collector:
 
     def __init__(self):
         self.rows: list[dict] = []
-        self.examples: dict[str, int] = defaultdict(int)
+        self.examples: dict[str, int] = defaultdict(int)  # test id -> examples run
+        self.invalid: dict[str, int] = defaultdict(int)  # test id -> of which discarded by assume
+
+    def count(self, target, invalid: bool = False) -> None:
+        self.examples[target.id] += 1
+        self.invalid[target.id] += int(invalid)
 
     def sink(self, target, case):
         from properties import backend
-        self.examples[target.id] += 1
 
         def record(c):
             self.rows.append({
@@ -44,7 +48,8 @@ class Collector:
 
     def dump(self, folder: Path, name: str) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{name}.json").write_text(json.dumps({"rows": self.rows, "examples": self.examples}))
+        (folder / f"{name}.json").write_text(json.dumps({"rows": self.rows, "examples": self.examples,
+                                                           "invalid": self.invalid}))
 
 
 def _finite(values):
@@ -78,13 +83,15 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 
 def merge(folder: Path) -> dict:
-    rows, examples = [], defaultdict(int)
+    rows, examples, invalid = [], defaultdict(int), defaultdict(int)
     for part in sorted((folder / "parts").glob("*.json")):
         data = json.loads(part.read_text())
         rows.extend(data["rows"])
         for k, v in data["examples"].items():
             examples[k] += v
-    return {"rows": rows, "examples": dict(examples)}
+        for k, v in data.get("invalid", {}).items():
+            invalid[k] += v
+    return {"rows": rows, "examples": dict(examples), "invalid": dict(invalid)}
 
 
 def build(folder: Path, skipped: list[dict], meta: dict) -> dict:
@@ -95,6 +102,7 @@ def build(folder: Path, skipped: list[dict], meta: dict) -> dict:
         "meta": meta,
         "outputs": summarise(merged["rows"]),
         "examples_per_test": merged["examples"],
+        "invalid_per_test": merged["invalid"],
         "skipped": skipped,
     }
 
@@ -118,6 +126,15 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _examples_line(report: dict) -> str:
+    ex, bad = report.get("examples_per_test", {}), report.get("invalid_per_test", {})
+    total, invalid = sum(ex.values()), sum(bad.values())
+    worst = sorted(((bad.get(t, 0) / n, t) for t, n in ex.items() if n), reverse=True)[:3]
+    most = ", ".join(f"`{t}` {r:.0%}" for r, t in worst if r > 0) or "none"
+    return (f"{total} examples over {len(ex)} tests, {invalid} discarded by the checks' preconditions "
+            f"(assume); the most discarded: {most}.")
+
+
 def markdown(report: dict) -> str:
     m = report["meta"]
     lines = ["# Tolerance report", "",
@@ -129,6 +146,7 @@ def markdown(report: dict) -> str:
         lines.append(f"| {o['op']} | {o['impl']} | {o['dtype']} | {o['output']} | {o['examples']} | "
                      f"{_fmt(o['max_abs'])} | {_fmt(o['p99_abs'])} | {_fmt(o['max_rel'])} | "
                      f"{_fmt(o['max_ulp'], '.3g')} | {_fmt(o['max_headroom'], '.3f')} |")
+    lines += ["", "## Examples run (Hypothesis)", "", _examples_line(report)]
     if report["skipped"]:
         lines += ["", "## Skipped and expected failures", "", "| test | outcome | reason |", "|---|---|---|"]
         for s in report["skipped"]:
@@ -150,6 +168,7 @@ def html_page(report: dict) -> str:
     m = report["meta"]
     return _HTML.replace("{{TITLE}}", esc(f"Tolerance report: {m.get('backend')}, {m.get('device')}")) \
         .replace("{{META}}", esc(json.dumps(m))).replace("{{ROWS}}", rows).replace("{{DATA}}", data) \
+        .replace("{{EXAMPLES}}", esc(_examples_line(report)).replace("`", "")) \
         .replace("{{SKIPPED}}", "".join(f"<li><code>{esc(s['test'])}</code> {esc(s['outcome'])}: {esc(s['reason'])}</li>"
                                         for s in report["skipped"]))
 
@@ -180,6 +199,7 @@ canvas{border:1px solid #ddd;margin:8px 16px 8px 0}.legend span{margin-right:14p
 <h2>Relative error against problem size, per dtype</h2><div id="scatter"></div>
 <h2>All outputs</h2><table><tr><th>op</th><th>impl</th><th>dtype</th><th>output</th><th>examples</th>
 <th>max abs</th><th>max rel</th><th>max ULP</th><th>headroom</th></tr>{{ROWS}}</table>
+<h2>Examples run (Hypothesis)</h2><p>{{EXAMPLES}}</p>
 <h2>Skipped and expected failures</h2><ul>{{SKIPPED}}</ul>
 <script>
 const data = {{DATA}};

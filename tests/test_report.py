@@ -88,3 +88,25 @@ def test_case_json_keeps_string_params_and_non_finite_floats():
     case = Case("softmax", "float32", ("x",), {}, {"q_map": "elu", "t": float("inf"), "e": 1e-6})
     back = Case.from_json(json.loads(json.dumps(case.to_json())))
     assert back.params == {"q_map": "elu", "t": float("inf"), "e": 1e-6}
+
+
+def test_examples_and_discarded_examples_are_counted_per_test(report_dir, monkeypatch):
+    collector = report.Collector()
+    monkeypatch.setattr(harness, "_collector", collector)
+    target = _failing_target()
+
+    def discards(case, impl):
+        from hypothesis import assume
+        assume(False)
+
+    discarding = harness.Target(target.op, target.impl, target.dtype,
+                                registry.Check("discards", discards))
+    from hypothesis.errors import UnsatisfiedAssumption
+    for _ in range(3):
+        with pytest.raises(UnsatisfiedAssumption):
+            discarding.run(CASE)
+    collector.dump(report_dir / "parts", "main")
+    data = report.build(report_dir, [], {"backend": "interpret"})
+    assert data["examples_per_test"] == {discarding.id: 3} and data["invalid_per_test"] == {discarding.id: 3}
+    assert not (report_dir / "failures").exists()  # a discarded example is not a failure
+    assert "3 examples over 1 tests, 3 discarded" in report.markdown(data)
