@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
+from hypothesis.vendor import pretty
 
 from properties import backend, registry
 from properties.config import CONFIG
@@ -91,6 +92,11 @@ class Target:
         finally:
             if _collector is not None:
                 _collector.count(self, invalid)
+
+
+# Hypothesis's "Failing test case: test_check(target=...)" would print the whole registry
+# record; the case is already printed in words above it, so name the target by its id.
+pretty.for_type_by_name(__name__, "Target", lambda target, p, cycle: p.text(f"Target({target.id!r})"))
 
 
 def save_failure(target: Target, case: Case) -> Path:
