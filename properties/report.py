@@ -192,7 +192,7 @@ _HTML = """<!doctype html><html><head><meta charset="utf-8"><title>{{TITLE}}</ti
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:nth-child(-n+4){text-align:left}
 canvas{border:1px solid #ddd;margin:8px 16px 8px 0}.legend span{margin-right:14px}</style></head><body>
 <h1>{{TITLE}}</h1><p><small>{{META}}</small></p>
-<h2>Headroom per output (largest error / allowed; 1 fails)</h2>
+<h2>Headroom per output (largest error / allowed: above 1 fails; exact outputs, 0, draw no bar)</h2>
 <p class="legend"><span style="color:#1f77b4">&#9632; float32</span><span style="color:#d62728">&#9632; float16</span>
 <span style="color:#2ca02c">&#9632; bfloat16</span><span>&#9632; black: failed</span></p>
 <canvas id="bars" width="900" height="420"></canvas>
