@@ -44,3 +44,7 @@ def naive_torch(q, k, v, causal=False, sm_scale=None):
     o = p @ v
     lse = torch.logsumexp(s.float(), dim=-1)
     return o, lse
+
+
+# Plain PyTorch: the Triton interpreter's limits (bf16 tl.dot) do not apply.
+sdpa.uses_triton = naive_torch.uses_triton = False

@@ -49,3 +49,7 @@ torch_elu_feature_map.expected_failures = {
         "matches_reference), not positive"
     ),
 }
+
+
+# Plain PyTorch: the Triton interpreter's limits (bf16 tl.dot) do not apply.
+torch_elu_feature_map.uses_triton = torch_linear_attention.uses_triton = False

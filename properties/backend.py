@@ -61,6 +61,8 @@ class BackendLimit:
     def applies(self, backend: str, op: str, dtype: torch.dtype, fn=None) -> bool:
         if self.waived_by and getattr(fn, self.waived_by, False):
             return False
+        if getattr(fn, "uses_triton", True) is False:  # plain PyTorch: no interpreter involved
+            return False
         return backend == self.backend and dtype == self.dtype and op in self.ops
 
 
