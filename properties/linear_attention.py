@@ -146,15 +146,6 @@ HEADS_SWAPPED = Layout(order=(0, 2, 1, 3))  # storage [B, N, H, D] viewed as [B,
 DOMAIN_DIVISOR = 16.0
 
 
-def _declared(impl: Implementation, name: str):
-    """An attribute the implementation declares on its function (a Mutant wrapper's
-    ``fn`` included)."""
-    fn = impl.fn
-    if hasattr(fn, name):
-        return getattr(fn, name)
-    return getattr(getattr(fn, "fn", None), name, None)
-
-
 def _map_features(t: torch.Tensor, how: str) -> None:
     """Replace t's values (in place, its layout kept) by their features, in fp64, rounded."""
     x = t.detach().to("cpu", torch.float64)
@@ -191,8 +182,9 @@ class FeatureCase(Case):
         z = k64.sum(axis=2)
         # q and v themselves too: a 3-pass tf32 dot rounds an operand within 2^-11 of
         # fp32's max to inf (then 0 * inf = NaN through a causal mask; seen on an H100)
-        q_size = np.einsum("bhnd,bhd->bhn", to_numpy(q), z).max(initial=0.0)
-        _scale_into(q, float(max(q_size, to_numpy(q).max(initial=0.0))), limit)
+        q64 = to_numpy(q)
+        q_size = np.einsum("bhnd,bhd->bhn", q64, z).max(initial=0.0)
+        _scale_into(q, float(max(q_size, q64.max(initial=0.0))), limit)
         q64 = to_numpy(q)
         va = np.abs(to_numpy(v))
         p_abs = np.einsum("bhnd,bhne->bhde", k64, va)
@@ -257,7 +249,7 @@ def la_matches_reference(case: Case, impl: Implementation) -> None:
 
 
 def _chunk_sizes(impl: Implementation) -> str | None:
-    sizes_ = _declared(impl, "chunk_sizes")
+    sizes_ = getattr(impl.fn, "chunk_sizes", None)
     return None if sizes_ else f"{impl.name} declares no chunk_sizes (no chunk_size keyword to vary)"
 
 
@@ -268,7 +260,7 @@ def chunk_size_invariant(case: Case, impl: Implementation) -> None:
     case = FeatureCase.of(case).replace(causal=True)
     case = FeatureCase.of(case)
     values = case.materialise(backend.device())
-    chunks = tuple(_declared(impl, "chunk_sizes"))
+    chunks = tuple(getattr(impl.fn, "chunk_sizes", None))
     args = [values[a] for a in case.args]
     outs = {c: impl.fn(*args, chunk_size=c) for c in chunks}
     expected, _ = OPS[case.op].expected(case, values)

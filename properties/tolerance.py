@@ -32,7 +32,7 @@ why the old rule was wrong.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -416,7 +416,6 @@ def swiglu_grad(gate: np.ndarray, up: np.ndarray, dy: np.ndarray, dgate: np.ndar
 # ------------------------------------------------------------------- linear attention
 # (appended by the linear_attention family: elu_feature_map and linear_attention)
 
-import dataclasses as _dataclasses  # noqa: E402
 
 TF32X3_DOT = 2.0**-21  # relative error per product of a 3-pass tf32 ("tf32x3") tl.dot
 
@@ -435,7 +434,7 @@ def declared_dot(p: Precision, fp32_dot_precision: str | None) -> Precision:
     dtype). The interpreter computes every fp32 dot in full fp32 (``p`` unchanged).
     """
     if p.backend == "cuda" and fp32_dot_precision == "tf32x3":
-        return _dataclasses.replace(p, dot=TF32X3_DOT)
+        return replace(p, dot=TF32X3_DOT)
     return p
 
 
