@@ -124,6 +124,30 @@ def pytest_runtest_logreport(report):
             state["counted"] += 1
 
 
+# A wild or misaligned access on the GPU leaves the process's CUDA context broken for
+# good: every later CUDA call in it fails with the same error, so every later test in
+# this pytest process (or xdist worker) would fail too and blame itself.
+_cuda_broken_by: str | None = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    global _cuda_broken_by
+    report = (yield).get_result()
+    if call.when == "call" and report.failed and _cuda_broken_by is None and backend.current() == "cuda":
+        try:
+            torch.cuda.synchronize()  # returns the sticky error if the context is broken
+        except Exception as exc:  # noqa: BLE001 - torch's class for it varies by version
+            _cuda_broken_by = f"{item.nodeid} ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+
+
+def pytest_runtest_setup(item):
+    if _cuda_broken_by:
+        pytest.fail(f"not run: the CUDA context of this process was broken by {_cuda_broken_by}; "
+                    "every CUDA call here now fails. Fix that failure first (run that test alone "
+                    "to see it), or deselect it.", pytrace=False)
+
+
 def pytest_sessionstart(session):
     pytest._tritoncheck_state = session.config._tritoncheck
 

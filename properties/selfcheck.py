@@ -8,11 +8,8 @@ dtype; a control that fails means a tolerance is too tight or a property is wron
 from __future__ import annotations
 
 import importlib
-import os
-import pickle
-import select
+import multiprocessing
 import signal
-import time
 from dataclasses import dataclass
 
 import torch
@@ -91,6 +88,8 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
     """Run ``check`` on ``impl`` for up to ``examples`` cases; report the first failure."""
     strategy = check.cases(op, dtype) if check.cases is not None else op.cases(dtype)
 
+    first_crash = []  # the case that first raised: on CUDA a broken context fails every shrink step too
+
     @_settings(examples)
     @given(case=strategy)
     def search(case):
@@ -100,57 +99,76 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
             pass
         except AssertionError as exc:
             raise AssertionError(f"{exc}\non:\n{case.describe()}") from None
+        except Exception:
+            first_crash.append(case.describe())
+            raise
 
     try:
         search()
     except AssertionError as exc:
         return Verdict(True, dtype, str(exc))
     except Exception as exc:  # a crash on valid input is a failure too
-        return Verdict(True, dtype, f"{type(exc).__name__}: {exc}")
+        where = f"\nfirst raised on:\n{first_crash[0]}" if first_crash else ""
+        return Verdict(True, dtype, f"{type(exc).__name__}: {exc}{where}")
     return Verdict(False, dtype, "")
 
 
+def _child(conn, backend_name: str, size: str, fn, args) -> None:
+    """The body of an isolated child: the parent's backend and size, then ``fn(*args)``."""
+    from properties.config import CONFIG
+    backend.select(backend_name)  # a spawned child starts with nothing selected
+    CONFIG.size = size
+    try:
+        verdict = fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
+        verdict = Verdict(True, None, f"{type(exc).__name__}: {exc}")
+    conn.send(verdict)
+    conn.close()
+
+
 def isolated(fn, *args) -> Verdict:
-    """Run ``fn(*args)`` in a forked child under the interpreter, where a planted
-    out-of-bounds access can crash the process (design notes): the crash becomes a
-    verdict instead of taking pytest down. On CUDA (no fork after CUDA init) it runs
-    in-process."""
-    if backend.current() == "cuda" or not hasattr(os, "fork"):
-        return fn(*args)
-    # torch's OpenMP pool does not survive fork: a child that enters a parallel region
-    # the parent has used waits forever on the pool's futex. One thread per process
-    # never enters one (and two xdist workers on two cores want one thread each anyway).
-    torch.set_num_threads(1)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        os.close(read)
-        try:
-            payload = pickle.dumps(fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
-            payload = pickle.dumps(Verdict(True, None, f"{type(exc).__name__}: {exc}"))
-        with os.fdopen(write, "wb") as out:
-            out.write(payload)
-        os._exit(0)
-    os.close(write)
-    chunks, deadline = [], time.monotonic() + ISOLATED_TIMEOUT_S
-    with os.fdopen(read, "rb", buffering=0) as inp:
-        while True:
-            ready, _, _ = select.select([inp], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:  # a hang is a failure, never a stuck test run
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return Verdict(True, None, f"did not finish in {ISOLATED_TIMEOUT_S} s: the process hung")
-            chunk = inp.read(1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    payload = b"".join(chunks)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        sig = signal.Signals(os.WTERMSIG(status)).name
-        return Verdict(True, None, f"the process died of {sig}: an out-of-bounds access under the interpreter")
-    return pickle.loads(payload)
+    """Run ``fn(*args)`` in a child process, so that what a planted bug does to the
+    process cannot reach the rest of the run: under the interpreter an out-of-bounds
+    access can crash the process (design notes); on CUDA a wild or misaligned access
+    leaves the CUDA context broken for good, and every later test in the same pytest
+    worker would fail with the same error. A crash, a broken context and a hang all
+    become a failed verdict. Under the interpreter the child is forked (cheap); CUDA
+    cannot fork after its first use, so there the child is spawned (fn and args must
+    pickle) and finds the kernels it needs in Triton's on-disk cache."""
+    from properties.config import CONFIG
+    on_cuda = backend.current() == "cuda"
+    if not on_cuda:
+        # torch's OpenMP pool does not survive fork: a child that enters a parallel region
+        # the parent has used waits forever on the pool's futex. One thread per process
+        # never enters one (and two xdist workers on two cores want one thread each anyway).
+        torch.set_num_threads(1)
+    context = multiprocessing.get_context("spawn" if on_cuda else "fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(send, backend.current(), CONFIG.size, fn, args), daemon=True)
+    child.start()
+    send.close()  # the child holds the only writer: its death reads as EOF here
+    try:
+        if not receive.poll(ISOLATED_TIMEOUT_S):  # a hang is a failure, never a stuck test run
+            child.kill()
+            return Verdict(True, None, f"did not finish in {ISOLATED_TIMEOUT_S} s: the process hung")
+        return receive.recv()
+    except EOFError:
+        child.join()
+        sig = signal.Signals(-child.exitcode).name if (child.exitcode or 0) < 0 else f"exit {child.exitcode}"
+        return Verdict(True, None, f"the process died ({sig}): an out-of-bounds access, or worse")
+    finally:
+        receive.close()
+        child.join(5)
+        if child.is_alive():
+            child.kill()
+
+
+def _hunt_mutant(target: str, check_name: str, dtype_name: str, examples: int) -> Verdict:
+    """:func:`hunt` by names, so that a spawned child can rebuild what it hunts."""
+    m = registry.resolve(target)
+    op = registry.load()[m.op]
+    check = {c.name: c for c in op.checks}[check_name]
+    return hunt(op, as_implementation(m), check, getattr(torch, dtype_name), examples)
 
 
 def kill(m, check_name: str) -> Verdict:
@@ -165,7 +183,7 @@ def kill(m, check_name: str) -> Verdict:
         if runnable(op, impl, check, dtype):
             continue
         tried.append(str(dtype).replace("torch.", ""))
-        verdict = isolated(hunt, op, impl, check, dtype, HUNT_EXAMPLES)
+        verdict = isolated(_hunt_mutant, m.target, check_name, tried[-1], HUNT_EXAMPLES)
         if verdict.failed:
             return verdict
     return Verdict(False, None, f"survived {check_name} in {tried or 'no runnable dtype'}")

@@ -4,10 +4,17 @@ Every mutant must fail every check it claims to be killed by; every control must
 pass every check in every dtype, except the checks its ``expected_failures`` names
 with a reason (reported as xfail when the hunt does hit them). The kill rate is printed at the end of the run.
 """
+import signal
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from properties import backend, registry, selfcheck
 
@@ -60,3 +67,55 @@ def test_isolated_turns_a_hang_into_a_failed_verdict(monkeypatch):
     monkeypatch.setattr(selfcheck, "ISOLATED_TIMEOUT_S", 1)
     verdict = selfcheck.isolated(time.sleep, 60)
     assert verdict.failed and "hung" in verdict.text
+
+
+def test_isolated_turns_a_crash_into_a_failed_verdict_naming_the_signal():
+    verdict = selfcheck.isolated(signal.raise_signal, signal.SIGSEGV)
+    assert verdict.failed and "SIGSEGV" in verdict.text
+
+
+@triton.jit
+def _read_far_outside(x_ptr):
+    # 2**40 elements past a one-element tensor: an illegal address, a sticky CUDA error
+    tl.store(x_ptr, tl.load(x_ptr + (1 << 40)))
+
+
+def _break_the_cuda_context() -> selfcheck.Verdict:
+    x = torch.zeros(1, device="cuda")
+    _read_far_outside[(1,)](x)
+    torch.cuda.synchronize()
+    return selfcheck.Verdict(False, None, "the wild read went unnoticed")
+
+
+needs_cuda = pytest.mark.skipif(backend.current() != "cuda", reason="a CUDA context to break")
+
+
+@needs_cuda
+def test_isolated_keeps_a_broken_cuda_context_out_of_this_process():
+    # in-process, such a mutant broke the context and 53 later GPU self-tests in the
+    # same xdist workers failed with its "misaligned address"
+    verdict = selfcheck.isolated(_break_the_cuda_context)
+    assert verdict.failed and "CUDA error" in verdict.text, verdict.text
+    assert torch.ones(3, device="cuda").sum().item() == 3.0
+
+
+@needs_cuda
+def test_tests_after_a_broken_cuda_context_name_the_test_that_broke_it(tmp_path):
+    (tmp_path / "test_breaks.py").write_text(textwrap.dedent('''
+        import torch
+        from test_selfcheck import _break_the_cuda_context
+
+        def test_breaks():
+            _break_the_cuda_context()
+
+        def test_after():
+            assert torch.ones(1, device="cuda").item() == 1.0
+    '''))
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:randomly", "-p", "no:xdist",
+                           "-p", "no:cacheprovider", "--report-dir", str(tmp_path / "r"), str(tmp_path / "test_breaks.py")],
+                          capture_output=True, text=True, timeout=300, cwd=root,
+                          env={**__import__("os").environ, "PYTHONPATH": f"{root}:{root / 'tests'}"})
+    out = done.stdout
+    assert "1 failed" in out and "1 error" in out, out[-3000:]
+    assert "not run: the CUDA context of this process was broken by" in out and "test_breaks" in out, out[-3000:]
