@@ -22,6 +22,25 @@ def _masked_scores(q, k, causal: bool, scale: float, dtype: torch.dtype):
     return s
 
 
+class _RealignedGrad(torch.autograd.Function):
+    """Identity whose backward hands on the upstream gradient in fresh (aligned) memory."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _realigned(grad)
+
+
+def _realigned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in fresh contiguous memory unless it already starts 16-byte aligned and contiguous."""
+    if t.is_cuda and (t.data_ptr() % 16 or not t.is_contiguous()):
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
 def sdpa(q, k, v, causal=False, sm_scale=None):
     """``F.scaled_dot_product_attention`` in the input dtype.
 
@@ -29,9 +48,15 @@ def sdpa(q, k, v, causal=False, sm_scale=None):
     as ``torch.logsumexp`` of the scaled, masked float32 scores. On CPU, SDPA's fp16 and
     bf16 paths are whatever PyTorch's CPU backend does (the math or flash-CPU kernel,
     which may accumulate in fp32); it stays a fair "plain PyTorch" yardstick either way.
+
+    On CUDA, q, k, v and the upstream gradient are first copied to fresh memory when
+    they do not start 16-byte aligned: torch 2.11's SDPA on an H100 broke the CUDA
+    context ("misaligned address", or a cuBLAS execution failure) on float32 and
+    float16 inputs at storage offsets 7 or 33 (found by this suite; see the README).
     """
     scale = _scale(sm_scale, q.shape[-1])
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale)
+    q, k, v = (_realigned(t) for t in (q, k, v))
+    o = _RealignedGrad.apply(F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale))
     lse = torch.logsumexp(_masked_scores(q, k, causal, scale, torch.float32), dim=-1)
     return o, lse
 
