@@ -31,7 +31,10 @@ CONTROLS: dict[str, tuple[str, ...]] = {
     "linear_attention": ("controls.linear_attention:torch_linear_attention",),
 }
 
-HUNT_EXAMPLES = 60  # a mutant must die within this many examples (per dtype tried)
+# A mutant must die within this many examples (per dtype tried). The stream is derandomized
+# but seeded by hunt()'s source: an edit to hunt() reseeded it and layer_norm.one_pass_variance
+# survived 60 examples in every dtype (the offset rows it needs came up once), dying at 80.
+HUNT_EXAMPLES = 100
 CONTROL_EXAMPLES = 4
 ISOLATED_TIMEOUT_S = 300  # one mutant hunt in one dtype: ~10 s on a CI core; longer is a hang
 

@@ -323,7 +323,10 @@ def tensors(draw, shape: tuple[int, ...], dtype: torch.dtype, *,
     lay = draw(layouts(len(shape), keep_last=keep_last)) if layout else None
     injections: tuple = ()
     numel = math.prod(shape)
-    if specials and max_injections:
+    # Injections only in some examples: two special values in every row would drown the
+    # structure the family was drawn for (an "offset" row plus a 1e18 is no longer a
+    # cancellation case: a one-pass variance survived 60 such examples).
+    if specials and max_injections and draw(st.booleans()):
         injections = tuple(draw(st.lists(
             st.tuples(st.integers(0, max(numel - 1, 0)), st.sampled_from(tuple(specials))),
             max_size=max_injections,
