@@ -672,7 +672,11 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: n
         # p_j (e^{E_j} - 1), formed in the log domain: p_j may underflow where e^{E_j}
         # does not; exponents are clipped at 300 (the allowance is then capped anyway)
         w = np.where(visible, np.exp(np.minimum(s - lse[..., None] + big_e, 300.0)), 0.0) - pr
-        z = np.maximum(np.take_along_axis(pr, jstar, axis=-1), np.sum(pr * np.exp(-big_e), axis=-1, keepdims=True))
+        # z bounds the perturbed normaliser from below; it includes p_max >= 1/n. With scores
+        # near 1e76 (bf16 q, k near max), s - lse loses every digit in fp64 and p_max can
+        # come out 0 (then z = 0 and the allowance inf); 1/n keeps the bound finite and true.
+        z = np.maximum(np.maximum(np.take_along_axis(pr, jstar, axis=-1), 1.0 / n),
+                       np.sum(pr * np.exp(-big_e), axis=-1, keepdims=True))
         av, ao = np.abs(v), np.abs(o)
         pv = pr @ av
         score_part = (w @ av + np.sum(w, axis=-1, keepdims=True) * ao) / z
