@@ -1,6 +1,6 @@
 """How many examples per second the suite checks, per op and dtype (a script, not a test).
 
-    python benchmarks/suite_speed.py [--examples 50] [--op softmax] [--profile gpu|ci]
+    python benchmarks/suite_speed.py [--examples 50] [--op softmax] [--dtype float16] [--profile gpu|ci]
 
 Each (op, dtype) runs the same derandomized examples twice through
 matches_reference (and gradients_match_reference where the op has gradients): the
@@ -25,6 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=50)
     parser.add_argument("--op", action="append", default=[])
+    parser.add_argument("--dtype", action="append", default=[], help="float32, float16, bfloat16 (default: all)")
     parser.add_argument("--profile", default=None, help="size class: ci (small) or gpu (large); default by backend")
     parser.add_argument("--backend", default="auto")
     args = parser.parse_args()
@@ -45,7 +46,7 @@ def main() -> None:
         op = ops[name]
         impl = registry.implementations(name)[0]
         checks = [c for c in op.checks if c.name in ("matches_reference", "gradients_match_reference")]
-        for dtype in op.dtypes:
+        for dtype in (d for d in op.dtypes if not args.dtype or str(d)[6:] in args.dtype):
             for check in checks:
                 if selfcheck.runnable(op, impl, check, dtype):
                     continue

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU run in one go: the suite with the gpu profile, the kernels' own
-# tests, one planted bug and one control through --impl, the speed tables.
+# tests, the self-test (mutants and controls), one planted bug and one control
+# through --impl, the speed tables.
 # Usage: OUT=/some/dir bash scripts/gpu_run.sh   (everything lands in $OUT/gpu.tgz)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -26,6 +27,11 @@ timeout -s INT -k 10 100 python3 -m pytest tests/test_softmax_kernel.py tests/te
     tests/test_linear_attention_kernel.py tests/test_losses_kernel.py tests/test_elementwise_kernel.py \
     -n 8 -q --tb=short > "$OUT/gpu/kernels.log" 2>&1
 echo "kernel tests exit $?" | tee -a "$OUT/gpu/run.log"; tail -n 5 "$OUT/gpu/kernels.log"
+
+log "self-test: every mutant killed, every control passed, on the GPU"
+timeout -s INT -k 10 240 python3 -m pytest tests/test_selfcheck.py -n "$WORKERS" -q -rs -rx -rf --tb=short -p no:randomly \
+    > "$OUT/gpu/selfcheck.log" 2>&1
+echo "self-test exit $?" | tee -a "$OUT/gpu/run.log"; grep -E "kill rate|passed|failed" "$OUT/gpu/selfcheck.log" | tail -3
 
 log "a planted bug and a control through --impl"
 timeout -s INT -k 10 45 python3 -m pytest tests/test_checks.py -n 8 --impl softmax=mutants.softmax:padded_lanes_zero \
