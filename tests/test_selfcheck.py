@@ -51,7 +51,7 @@ def _matmul_verdict() -> selfcheck.Verdict:
     return selfcheck.Verdict(False, None, str(float((a @ a).sum())))
 
 
-@pytest.mark.skipif(backend.current() == "cuda", reason="hunts run in-process on CUDA (no fork)")
+@pytest.mark.skipif(backend.current() == "cuda", reason="a forked child's hazard: on CUDA children are spawned")
 def test_isolated_child_runs_torch_after_the_parent_used_its_thread_pool(monkeypatch):
     # the CI hang this guards against: a forked child waiting forever on OpenMP's futex
     monkeypatch.setattr(selfcheck, "ISOLATED_TIMEOUT_S", 30)
@@ -62,7 +62,8 @@ def test_isolated_child_runs_torch_after_the_parent_used_its_thread_pool(monkeyp
     assert (verdict.failed, verdict.text) == (False, str(512.0**3))
 
 
-@pytest.mark.skipif(backend.current() == "cuda", reason="hunts run in-process on CUDA (no fork)")
+@pytest.mark.skipif(backend.current() == "cuda",
+                    reason="same timeout code on both backends; a spawned child takes longer than 1 s to start")
 def test_isolated_turns_a_hang_into_a_failed_verdict(monkeypatch):
     monkeypatch.setattr(selfcheck, "ISOLATED_TIMEOUT_S", 1)
     verdict = selfcheck.isolated(time.sleep, 60)
