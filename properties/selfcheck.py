@@ -91,7 +91,7 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
     """Run ``check`` on ``impl`` for up to ``examples`` cases; report the first failure."""
     strategy = check.cases(op, dtype) if check.cases is not None else op.cases(dtype)
 
-    first_crash = []  # the case that first raised: on CUDA a broken context fails every shrink step too
+    crashed_on = []  # an exception other than a check's AssertionError carries no case: keep it here
 
     @_settings(examples)
     @given(case=strategy)
@@ -103,7 +103,7 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
         except AssertionError as exc:
             raise AssertionError(f"{exc}\non:\n{case.describe()}") from None
         except Exception:
-            first_crash.append(case.describe())
+            crashed_on.append(case.describe())
             raise
 
     try:
@@ -111,7 +111,7 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
     except AssertionError as exc:
         return Verdict(True, dtype, str(exc))
     except Exception as exc:  # a crash on valid input is a failure too
-        where = f"\nfirst raised on:\n{first_crash[0]}" if first_crash else ""
+        where = f"\non:\n{crashed_on[0]}" if crashed_on else ""
         return Verdict(True, dtype, f"{type(exc).__name__}: {exc}{where}")
     return Verdict(False, dtype, "")
 

@@ -75,6 +75,23 @@ def test_isolated_turns_a_crash_into_a_failed_verdict_naming_the_signal():
     assert verdict.failed and "SIGSEGV" in verdict.text
 
 
+def test_a_crash_verdict_names_its_case():
+    crashed = []
+
+    def crashes_on_a_long_row(x, temperature=1.0):
+        if x.numel() > 8:
+            crashed.append(list(x.shape))
+            raise RuntimeError("boom")
+        return torch.softmax(x.float() / temperature, dim=-1).to(x.dtype)
+
+    op = OPS["softmax"]
+    impl = registry.Implementation.of("softmax", crashes_on_a_long_row, kind="user")
+    check = next(c for c in op.checks if c.name == "rows_sum_to_one")
+    verdict = selfcheck.hunt(op, impl, check, torch.float32, 20)
+    assert verdict.failed and verdict.text.startswith("RuntimeError: boom\non:\nsoftmax(x, temperature) in float32")
+    assert f"x: shape {crashed[0]} float32" in verdict.text, verdict.text
+
+
 @triton.jit
 def _read_far_outside(x_ptr):
     # 2**40 elements past a one-element tensor: an illegal address, a sticky CUDA error
