@@ -2,7 +2,7 @@
 
     python benchmarks/suite_speed.py [--examples 50] [--op softmax] [--dtype float16] [--profile gpu|ci]
 
-Each (op, dtype) runs the same derandomized examples twice through
+Each (op, dtype) runs the same seeded examples twice through
 matches_reference (and gradients_match_reference where the op has gradients): the
 first pass compiles what it needs, the second finds every kernel compiled, so
 compile time = pass 1 - pass 2 and the warm rate is examples / pass 2.

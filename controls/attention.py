@@ -73,3 +73,13 @@ def naive_torch(q, k, v, causal=False, sm_scale=None):
 
 # Plain PyTorch: the Triton interpreter's limits (bf16 tl.dot) do not apply.
 sdpa.uses_triton = naive_torch.uses_triton = False
+
+# Registry data (properties/registry.py): checks this control is expected to fail, with why.
+_CPU_FLASH_NAN = (
+    "torch's CPU flash-attention backward (what F.scaled_dot_product_attention runs on CPU) returns "
+    "NaN in dq and dk once scores pass about 1e11: q ~ N(0, 0.1^2), k ~ N(0, 1e14^2), scale 1e-3, "
+    "causal, [1, 1, 65, 64] gave 192 NaN in dq (1408 with the upstream gradient on one row), in "
+    "float32 and bfloat16 (torch 2.13 CPU); the math backend and fp64 autograd stay finite. "
+    "Not seen on CUDA (H100, torch 2.11: both checks pass)"
+)
+sdpa.expected_failures = {"gradients_match_reference": _CPU_FLASH_NAN, "causal_gradient_respected": _CPU_FLASH_NAN}

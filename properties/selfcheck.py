@@ -10,10 +10,11 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import signal
+import zlib
 from dataclasses import dataclass
 
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from properties import backend, registry
 from properties.registry import Check, Implementation, NotApplicable, OpSpec
@@ -31,10 +32,15 @@ CONTROLS: dict[str, tuple[str, ...]] = {
     "linear_attention": ("controls.linear_attention:torch_linear_attention",),
 }
 
-# A mutant must die within this many examples (per dtype tried). The stream is derandomized
-# but seeded by hunt()'s source: an edit to hunt() reseeded it and layer_norm.one_pass_variance
-# survived 60 examples in every dtype (the offset rows it needs came up once), dying at 80.
+# A mutant must die within this many examples (per dtype tried). With 60, a reseeded stream
+# let layer_norm.one_pass_variance survive in every dtype (the offset rows it needs came up
+# once); it died at 80.
 HUNT_EXAMPLES = 100
+# The hunts' random streams: one per (op, implementation, check, dtype), so the dtypes of a
+# hunt are independent tries (derandomize=True gave every hunt the seed of hunt()'s source:
+# three dtypes made the same draws, and an edit to hunt() reseeded them all). Hypothesis also
+# mixes literals of the loaded modules into its draws, so a stream is fixed per code version.
+HUNT_SEED = 20261123
 CONTROL_EXAMPLES = 4
 ISOLATED_TIMEOUT_S = 300  # one mutant hunt in one dtype: ~10 s on a CI core; longer is a hang
 
@@ -71,7 +77,7 @@ def as_implementation(m) -> Implementation:
 
 
 def _settings(examples: int) -> settings:
-    return settings(max_examples=examples, derandomize=True, database=None, deadline=None, print_blob=False,
+    return settings(max_examples=examples, derandomize=False, database=None, deadline=None, print_blob=False,
                     phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
 
 
@@ -93,6 +99,7 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
 
     crashed_on = []  # an exception other than a check's AssertionError carries no case: keep it here
 
+    @seed(zlib.crc32(f"{HUNT_SEED}:{op.name}:{impl.name}:{check.name}:{dtype}".encode()))
     @_settings(examples)
     @given(case=strategy)
     def search(case):
