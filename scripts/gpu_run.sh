@@ -18,7 +18,7 @@ log "suite, gpu profile"
 start=$(date +%s)
 # SIGINT, not SIGTERM: pytest still writes the report and the summary of what ran
 timeout -s INT -k 20 "$SUITE_S" python3 -m pytest tests/test_checks.py -n "$WORKERS" --hypothesis-profile gpu --max-examples "${EXAMPLES:-100}" \
-    --report-dir "$OUT/gpu/report" -q -rs --tb=short -p no:randomly > "$OUT/gpu/suite.log" 2>&1
+    --report-dir "$OUT/gpu/report" -q -rfs --tb=short -p no:randomly > "$OUT/gpu/suite.log" 2>&1
 echo "suite exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu/run.log"
 tail -n 60 "$OUT/gpu/suite.log"
 
@@ -29,7 +29,7 @@ timeout -s INT -k 10 100 python3 -m pytest tests/test_softmax_kernel.py tests/te
 echo "kernel tests exit $?" | tee -a "$OUT/gpu/run.log"; tail -n 5 "$OUT/gpu/kernels.log"
 
 log "self-test: every mutant killed, every control passed, on the GPU"
-timeout -s INT -k 10 240 python3 -m pytest tests/test_selfcheck.py -n "$WORKERS" -q -rs -rx -rf --tb=short -p no:randomly \
+timeout -s INT -k 10 240 python3 -m pytest tests/test_selfcheck.py -n "$WORKERS" -q -rfsx --tb=short -p no:randomly \
     > "$OUT/gpu/selfcheck.log" 2>&1
 echo "self-test exit $?" | tee -a "$OUT/gpu/run.log"; grep -E "kill rate|passed|failed" "$OUT/gpu/selfcheck.log" | tail -3
 
