@@ -93,13 +93,17 @@ def runnable(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype)
     return None
 
 
-def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, examples: int) -> Verdict:
-    """Run ``check`` on ``impl`` for up to ``examples`` cases; report the first failure."""
+def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, examples: int,
+         base_seed: int | None = None) -> Verdict:
+    """Run ``check`` on ``impl`` for up to ``examples`` cases; report the first failure.
+    The stream is seeded by ``base_seed`` (default HUNT_SEED) and what is hunted."""
     strategy = check.cases(op, dtype) if check.cases is not None else op.cases(dtype)
 
     crashed_on = []  # an exception other than a check's AssertionError carries no case: keep it here
 
-    @seed(zlib.crc32(f"{HUNT_SEED}:{op.name}:{impl.name}:{check.name}:{dtype}".encode()))
+    base = HUNT_SEED if base_seed is None else base_seed
+
+    @seed(zlib.crc32(f"{base}:{op.name}:{impl.name}:{check.name}:{dtype}".encode()))
     @_settings(examples)
     @given(case=strategy)
     def search(case):
@@ -173,12 +177,12 @@ def isolated(fn, *args) -> Verdict:
             child.kill()
 
 
-def _hunt_mutant(target: str, check_name: str, dtype_name: str, examples: int) -> Verdict:
+def _hunt_mutant(target: str, check_name: str, dtype_name: str, examples: int, base_seed: int) -> Verdict:
     """:func:`hunt` by names, so that a spawned child can rebuild what it hunts."""
     m = registry.resolve(target)
     op = registry.load()[m.op]
     check = {c.name: c for c in op.checks}[check_name]
-    return hunt(op, as_implementation(m), check, getattr(torch, dtype_name), examples)
+    return hunt(op, as_implementation(m), check, getattr(torch, dtype_name), examples, base_seed)
 
 
 def kill(m, check_name: str) -> Verdict:
@@ -193,7 +197,8 @@ def kill(m, check_name: str) -> Verdict:
         if runnable(op, impl, check, dtype):
             continue
         tried.append(str(dtype).replace("torch.", ""))
-        verdict = isolated(_hunt_mutant, m.target, check_name, tried[-1], HUNT_EXAMPLES)
+        # the seed travels as an argument: a spawned child would import the module's default
+        verdict = isolated(_hunt_mutant, m.target, check_name, tried[-1], HUNT_EXAMPLES, HUNT_SEED)
         if verdict.failed:
             return verdict
     return Verdict(False, None, f"survived {check_name} in {tried or 'no runnable dtype'}")
