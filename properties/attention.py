@@ -206,8 +206,8 @@ def _gradient_domain(case: Case, values) -> None:
 
 def _in_gradient_domain(case: Case, inputs64, outputs64, grads64) -> None:
     """:func:`_backward_sums_in_domain` for the generic gradient check (NumPy arrays)."""
-    t = {n: torch.from_numpy(np.asarray(inputs64[n])) for n in ("q", "k", "v", "do")}
-    _backward_sums_in_domain(case, t["q"], t["k"], t["v"], t["do"], torch.from_numpy(np.asarray(outputs64["o"])))
+    q, k, v, do = (torch.from_numpy(inputs64[n]) for n in ("q", "k", "v", "do"))
+    _backward_sums_in_domain(case, q, k, v, do, torch.from_numpy(outputs64["o"]))
 
 
 def gradients_match_reference(case: Case, impl: Implementation) -> None:

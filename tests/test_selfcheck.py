@@ -4,6 +4,7 @@ Every mutant must fail every check it claims to be killed by; every control must
 pass every check in every dtype, except the checks its ``expected_failures`` names
 with a reason (reported as xfail when the hunt does hit them). The kill rate is printed at the end of the run.
 """
+import os
 import signal
 import subprocess
 import sys
@@ -110,8 +111,8 @@ needs_cuda = pytest.mark.skipif(backend.current() != "cuda", reason="a CUDA cont
 
 @needs_cuda
 def test_isolated_keeps_a_broken_cuda_context_out_of_this_process():
-    # in-process, such a mutant broke the context and 53 later GPU self-tests in the
-    # same xdist workers failed with its "misaligned address"
+    # in-process, one crash (torch's SDPA on a misaligned input) broke the context and
+    # 53 later GPU self-tests in the same xdist workers failed with its "misaligned address"
     verdict = selfcheck.isolated(_break_the_cuda_context)
     assert verdict.failed and "CUDA error" in verdict.text, verdict.text
     assert torch.ones(3, device="cuda").sum().item() == 3.0
@@ -133,7 +134,7 @@ def test_tests_after_a_broken_cuda_context_name_the_test_that_broke_it(tmp_path)
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:randomly", "-p", "no:xdist",
                            "-p", "no:cacheprovider", "--report-dir", str(tmp_path / "r"), str(tmp_path / "test_breaks.py")],
                           capture_output=True, text=True, timeout=300, cwd=root,
-                          env={**__import__("os").environ, "PYTHONPATH": f"{root}:{root / 'tests'}"})
+                          env={**os.environ, "PYTHONPATH": f"{root}:{root / 'tests'}"})
     out = done.stdout
     assert "1 failed" in out and "1 error" in out, out[-3000:]
     assert "not run: the CUDA context of this process was broken by" in out and "test_breaks" in out, out[-3000:]
