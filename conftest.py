@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+from hypothesis.errors import InvalidArgument
 
 from properties import backend
 from properties.config import CONFIG, PROFILE_SIZES
@@ -49,6 +50,34 @@ def _is_worker(config) -> bool:
     return hasattr(config, "workerinput")
 
 
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis's plugin loads the profile (an unknown one is an internal error there)
+def pytest_cmdline_main(config):
+    profile = config.getoption("hypothesis_profile", None)
+    if profile is not None:
+        try:
+            settings.get_profile(profile)
+        except InvalidArgument:
+            raise pytest.UsageError(f"--hypothesis-profile {profile!r}: unknown; the suite's profiles are "
+                                    "dev, ci, gpu, nightly") from None
+    n = config.getoption("--max-examples")
+    if n is not None and n < 1:
+        raise pytest.UsageError(f"--max-examples {n}: must be at least 1")
+    report_dir = Path(config.getoption("--report-dir"))
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        probe = report_dir / ".write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise pytest.UsageError(f"--report-dir {str(report_dir)!r}: cannot write there ({exc.strerror or exc})") from None
+    if config.getoption("--list-ops"):
+        backend.select(config.getoption("--backend"))
+        from properties import contract
+        print(contract.markdown_table())
+        return 0
+    return None
+
+
 @pytest.hookimpl(trylast=True)  # after Hypothesis's plugin loads --hypothesis-profile, so --max-examples caps it
 def pytest_configure(config):
     try:
@@ -65,14 +94,23 @@ def pytest_configure(config):
     CONFIG.report_dir = Path(config.getoption("--report-dir"))
     CONFIG.ops = tuple(config.getoption("--op")) or None
     try:
-        from properties.strategies import dtype_from_name
+        from properties.strategies import FLOAT_DTYPES, dtype_from_name
         CONFIG.dtypes = tuple(dtype_from_name(d) for d in config.getoption("--dtype")) or None
+        for name, dtype in zip(config.getoption("--dtype"), CONFIG.dtypes or ()):
+            if dtype not in FLOAT_DTYPES:
+                raise ValueError(f"--dtype {name}: the contract's dtypes are float32, float16 and bfloat16")
         from properties import registry
+        unknown = set(CONFIG.ops or ()) - set(registry.load())
+        if unknown:
+            raise ValueError(f"--op {', '.join(sorted(unknown))}: unknown; known ops: {', '.join(sorted(registry.OPS))}")
         for spec in config.getoption("--impl"):
             op, sep, target = spec.partition("=")
             if not sep:
                 raise ValueError(f"--impl {spec!r}: expected OP=package.module:function")
             registry.register_implementation(op.strip(), target.strip())
+        if registry._user_impls and CONFIG.ops and not set(CONFIG.ops) & set(registry._user_impls):
+            raise ValueError(f"--op {', '.join(CONFIG.ops)} selects none of the ops given with --impl "
+                             f"({', '.join(sorted(registry._user_impls))}): nothing would run")
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     from properties import harness, report
@@ -85,15 +123,6 @@ def pytest_configure(config):
         # 14 workers on 16 cores ran 14 x 16 threads and spent the GPU run waiting on them.
         workers = int(config.workerinput.get("workercount", 1))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
-
-
-def pytest_cmdline_main(config):
-    if config.getoption("--list-ops"):
-        backend.select(config.getoption("--backend"))
-        from properties import contract
-        print(contract.markdown_table())
-        return 0
-    return None
 
 
 def pytest_collection_modifyitems(config, items):

@@ -501,7 +501,7 @@ def _check_inputs(q, k, v, causal, sm_scale) -> float:
             f"attention: q, k, v must be on one device, got q on {q.device}, k on {k.device}, "
             f"v on {v.device}"
         )
-    if q.device.type != "cuda" and not _interpreting():
+    if q.device.type not in (("cpu", "cuda") if _interpreting() else ("cuda",)):
         raise ValueError(
             f"attention: q is on {q.device}; the Triton kernel needs CUDA tensors "
             "(or TRITON_INTERPRET=1 for CPU tensors)"

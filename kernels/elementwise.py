@@ -198,7 +198,7 @@ def _check_device(first: str, t0: torch.Tensor, others) -> None:
     for name, t in others:
         if t.device != t0.device:
             raise ValueError(f"{name} is on {t.device} but {first} is on {t0.device}; all tensors must be on one device")
-    if t0.device.type != "cuda" and not _interpreting():
+    if t0.device.type not in (("cpu", "cuda") if _interpreting() else ("cuda",)):
         raise ValueError(f"{first} is on {t0.device}: needs a CUDA tensor, or TRITON_INTERPRET=1 for CPU tensors")
 
 

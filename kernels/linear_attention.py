@@ -200,7 +200,7 @@ class _EluFeatureMap(torch.autograd.Function):
 
 
 def _check_device(name: str, t: torch.Tensor) -> None:
-    if t.device.type != "cuda" and not _interpreting():
+    if t.device.type not in (("cpu", "cuda") if _interpreting() else ("cuda",)):
         raise ValueError(
             f"{name} is on {t.device}; the Triton kernels need CUDA tensors "
             f"(or CPU tensors with TRITON_INTERPRET=1)"

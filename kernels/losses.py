@@ -170,7 +170,7 @@ def _check(logits, target, ignore_index) -> None:
         raise ValueError(f"ignore_index must fit in int64, got {ignore_index}")
     if target.device != logits.device:
         raise ValueError(f"target is on {target.device} but logits is on {logits.device}; they must be on one device")
-    if logits.device.type != "cuda" and not _interpreting():
+    if logits.device.type not in (("cpu", "cuda") if _interpreting() else ("cuda",)):
         raise ValueError(f"logits is on {logits.device}: needs a CUDA tensor, or TRITON_INTERPRET=1 for CPU tensors")
     if logits.dim() != 2:
         raise ValueError(f"logits must be 2-D [M, V], got shape {tuple(logits.shape)}")

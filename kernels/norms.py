@@ -364,7 +364,7 @@ def _check_common(x, weight, bias, eps, extra=()) -> int:
     for name, t in named[1:]:
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}; all tensors must be on one device")
-    if x.device.type != "cuda" and not _interpreting():
+    if x.device.type not in (("cpu", "cuda") if _interpreting() else ("cuda",)):
         raise ValueError(f"x is on {x.device}: needs a CUDA tensor, or TRITON_INTERPRET=1 for CPU tensors")
     if x.dim() < 1:
         raise ValueError(f"x must have at least one dim [..., N], got shape {tuple(x.shape)}")

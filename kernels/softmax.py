@@ -24,6 +24,10 @@ import triton.language as tl
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def _max_block() -> int:
     # Under the interpreter a smaller block keeps each program cheap and makes
     # modest rows (> 1024) take the multi-block path that long rows take on GPU.
@@ -161,6 +165,8 @@ def softmax(x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         raise ValueError("softmax: x must have at least one dim, got a 0-d tensor")
     if x.numel() == 0:
         raise ValueError(f"softmax: x is empty (shape {tuple(x.shape)})")
+    if x.device.type not in (("cpu", "cuda") if _interpreting() else ("cuda",)):
+        raise ValueError(f"softmax: x is on {x.device}: needs a CUDA tensor, or TRITON_INTERPRET=1 for CPU tensors")
     if isinstance(temperature, torch.Tensor) or not isinstance(temperature, (int, float)):
         raise TypeError(f"softmax: temperature must be a Python float, got {type(temperature).__name__}")
     if not (math.isfinite(temperature) and temperature > 0):
