@@ -5,8 +5,8 @@ from kernels import elementwise as _kernel
 from mutants import mutant
 
 __all__ = [
-    "half_split_pairs", "sin_sign_flipped", "backward_same_rotation",
-    "sigmoid_overflow", "dup_missing_sigmoid",
+    "half_split_pairs", "sin_sign_flipped", "backward_same_rotation", "last_row_block_unwritten",
+    "sigmoid_overflow", "dup_missing_sigmoid", "gradients_into_saved_inputs",
 ]
 
 # ---------------------------------------------------------------------------- rope
@@ -52,6 +52,23 @@ backward_same_rotation = mutant(
     kills=("gradients_match_reference",),
 )
 
+last_row_block_unwritten = mutant(
+    "rope",
+    _kernel,
+    [("grid = (triton.cdiv(rows, block_r), triton.cdiv(half, block_p))",
+      "grid = (rows // block_r, triton.cdiv(half, block_p))")],
+    name="last_row_block_unwritten",
+    bug=(
+        "The grid counts row blocks with floor division instead of a ceiling, so the last, "
+        "partial block of rows is never written and the output keeps whatever torch.empty "
+        "handed back (often the previous call's answer from the caching allocator, or zeros, "
+        "which hides it). Forward and backward. Triggered by any B * H * S that is not a "
+        "multiple of the kernel's row block; seen every time only because the suite fills "
+        "fresh allocations with NaN."
+    ),
+    kills=("matches_reference", "gradients_match_reference"),
+)
+
 # ---------------------------------------------------------------------------- swiglu
 
 sigmoid_overflow = mutant(
@@ -82,4 +99,21 @@ dup_missing_sigmoid = mutant(
         "any gate != 0 when gradients are checked."
     ),
     kills=("gradients_match_reference",),
+)
+
+gradients_into_saved_inputs = mutant(
+    "swiglu",
+    _kernel,
+    [("dgate = torch.empty((m, n), dtype=g2.dtype, device=g2.device)\n"
+      "        dup = torch.empty((m, n), dtype=u2.dtype, device=u2.device)",
+      "dgate, dup = g2, u2")],
+    name="gradients_into_saved_inputs",
+    bug=(
+        "The backward writes dgate and dup over the gate and up tensors it saved in forward "
+        "(an in-place backward that saves memory; Liger-Kernel 0.8.5's SiLU-mul does this). "
+        "Each element is read before it is overwritten, so the first backward is right; a "
+        "second backward through the same graph (retain_graph=True) reads gradients where it "
+        "expects activations. Triggered by any second backward."
+    ),
+    kills=("backward_repeatable",),
 )

@@ -155,6 +155,33 @@ def deterministic(case: Case, impl: Implementation) -> None:
             assert_identical(f"d{name}", g1[name], g2[name], f"{impl.name}'s backward is not deterministic")
 
 
+def backward_repeatable(case: Case, impl: Implementation) -> None:
+    """A second backward through the same graph (``retain_graph=True``, as gradient
+    penalties and some pipeline schedules do) gives the first backward's gradients bit
+    for bit, and leaves the gradients the first one returned untouched: a backward that
+    writes its results into the tensors it saved in forward is right once only."""
+    op = OPS[case.op]
+    values = case.materialise(backend.device())
+    for name in op.grad_inputs:
+        values[name] = values[name].detach().requires_grad_(True)
+    _, outs = run(case, impl, values)
+    for name in op.grad_outputs:
+        if outs[name].grad_fn is None:
+            raise AssertionError(f"output {name!r} of {impl.name} carries no grad_fn, but the contract promises "
+                                 "a gradient (declare supports_backward = False if there is no backward)")
+    ys, dys = [outs[n] for n in op.grad_outputs], [values[f"d{n}"] for n in op.grad_outputs]
+    xs = [values[n] for n in op.grad_inputs]
+    first = torch.autograd.grad(ys, xs, dys, retain_graph=True, allow_unused=True)
+    kept = [g.clone() if g is not None else None for g in first]
+    second = torch.autograd.grad(ys, xs, dys, allow_unused=True)
+    for name, g1, k1, g2 in zip(op.grad_inputs, first, kept, second):
+        if k1 is None or g2 is None:
+            raise AssertionError(f"no gradient reached input {name!r} through {impl.name}")
+        assert_identical(f"d{name}", k1, g2, f"a second backward through {impl.name}'s graph differs from the first")
+        assert_identical(f"d{name}", k1, g1, f"a second backward through {impl.name}'s graph changed the "
+                                             "gradient the first one returned")
+
+
 def _needs_backward(impl: Implementation) -> str | None:
     return None if impl.supports_backward else f"{impl.name} declares supports_backward = False"
 
@@ -167,5 +194,8 @@ def generic_checks(grad: bool) -> tuple[Check, ...]:
                             needs_backward=True, requires=_needs_backward))
     checks.append(Check("inputs_unchanged", inputs_unchanged))
     checks.append(Check("deterministic", deterministic, cases=with_upstream if grad else None))
+    if grad:
+        checks.append(Check("backward_repeatable", backward_repeatable, cases=with_upstream, needs_backward=True,
+                            requires=_needs_backward))
     return tuple(checks)
 

@@ -6,6 +6,7 @@ error what a person needs: the case in words and the command that replays it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from hypothesis.vendor import pretty
 from properties import backend, registry
 from properties.config import CONFIG
 from properties.oracle import recording
+from properties.poisoning import poisoned_allocations
 from properties.registry import Check, Implementation, NotApplicable, OpSpec
 from properties.strategies import Case
 
@@ -70,11 +72,8 @@ class Target:
         sink = _collector.sink(self, case) if _collector is not None and self.check.name in RECORDED_CHECKS else None
         invalid = False
         try:
-            if sink is None:
+            with poisoned_allocations(), (recording(sink) if sink is not None else contextlib.nullcontext()):
                 self.check.run(case, self.impl)
-            else:
-                with recording(sink):
-                    self.check.run(case, self.impl)
         except NotApplicable as exc:
             pytest.skip(str(exc))
         except UnsatisfiedAssumption:

@@ -17,6 +17,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from properties import backend, registry
+from properties.poisoning import poisoned_allocations
 from properties.registry import Check, Implementation, NotApplicable, OpSpec
 
 # Correct implementations per op, as a user would write them.
@@ -108,7 +109,8 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
     @given(case=strategy)
     def search(case):
         try:
-            check.run(case, impl)
+            with poisoned_allocations():  # as in a user's run (harness.Target.run)
+                check.run(case, impl)
         except NotApplicable:
             pass
         except AssertionError as exc:

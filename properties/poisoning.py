@@ -1,0 +1,38 @@
+"""Fresh allocations filled with NaN while a check runs, so an unwritten output shows.
+
+A kernel that forgets to write part of its output returns whatever the allocator
+handed it: on the CPU often zeros, on CUDA the caching allocator's previous block,
+which may hold the previous call's (right) answer. Both hide the bug. PyTorch's
+``fill_uninitialized_memory`` fills every ``torch.empty``-like result with NaN (and
+integers with their largest value) while deterministic algorithms are on; an
+unwritten float element then fails the reference comparison on every example
+instead of by luck.
+
+Deterministic algorithms are switched on in their ``warn_only`` mode: an op without
+a deterministic implementation keeps working (the suite only wants the fill), and
+its warning is not the user's concern here, so it is not shown.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Iterator
+
+import torch
+
+
+@contextlib.contextmanager
+def poisoned_allocations() -> Iterator[None]:
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_filling = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not have a deterministic implementation.*")
+            warnings.filterwarnings("ignore", message=".*CUBLAS_WORKSPACE_CONFIG.*")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(was_on, warn_only=was_warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = was_filling
