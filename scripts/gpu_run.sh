@@ -33,6 +33,10 @@ timeout -s INT -k 10 240 python3 -m pytest tests/test_selfcheck.py -n "$WORKERS"
     > "$OUT/gpu/selfcheck.log" 2>&1
 echo "self-test exit $?" | tee -a "$OUT/gpu/run.log"; grep -E "kill rate|passed|failed" "$OUT/gpu/selfcheck.log" | tail -3
 
+log "large-index check: every op past 2**31 elements, and the int32-offset mutant"
+timeout -s INT -k 10 240 python3 -m pytest tests/test_large_index.py -m large -q -rs --tb=short -s > "$OUT/gpu/large.log" 2>&1
+echo "large-index exit $?" | tee -a "$OUT/gpu/run.log"; tail -n 8 "$OUT/gpu/large.log"
+
 log "a planted bug and a control through --impl"
 timeout -s INT -k 10 45 python3 -m pytest tests/test_checks.py -n 8 --impl softmax=mutants.softmax:padded_lanes_zero \
     --report-dir "$OUT/gpu/mutant" -q --tb=line > "$OUT/gpu/mutant.log" 2>&1

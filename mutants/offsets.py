@@ -1,0 +1,26 @@
+"""Planted 32-bit offset overflows, for the large-index check (tests/test_large_index.py,
+GPU only) rather than the self-test: no fuzzed case is large enough to trigger them.
+This module is not a family module, so the self-test does not hunt it."""
+from __future__ import annotations
+
+from kernels import losses as _kernel
+from mutants import mutant
+
+__all__ = ["row_offset_int32"]
+
+row_offset_int32 = mutant(
+    "cross_entropy",
+    _kernel,
+    [("row = tl.program_id(0).to(tl.int64)\n    x_row = LOGITS + row * stride_lm\n    offs = tl.arange(0, BLOCK_V)\n\n"
+      "    # Online logsumexp",
+      "row = tl.program_id(0)\n    x_row = LOGITS + row * stride_lm\n    offs = tl.arange(0, BLOCK_V)\n\n"
+      "    # Online logsumexp")],
+    name="row_offset_int32",
+    bug=(
+        "The forward computes the row's offset row * stride in int32 (program_id without the "
+        "cast to int64), which wraps once M * V passes 2**31 - 1: cross-entropy over batch x "
+        "vocabulary (16k tokens x a 128k vocabulary) reads another row, or outside the tensor. "
+        "Triggered only by logits past 2**31 elements."
+    ),
+    kills=("large_index",),  # not a registry check: tests/test_large_index.py must fail it
+)

@@ -1,0 +1,241 @@
+"""Inputs past 2**31 elements, for the bug no small case reaches: a 32-bit element offset.
+
+A kernel that computes ``row * stride`` (or ``b * stride_b + h * stride_h``) in int32
+is right until the product passes 2**31 - 1, then reads and writes somewhere else. The
+fuzzed cases stay far below that (the fp64 references run on every element), so this
+check builds one input per op whose flattened size passes 2**31, runs the
+implementation on all of it (forward and, where the op has gradients, backward), and
+compares a sample of independent slices against the fp64 reference: rows for row-wise
+ops, (batch, head) pairs for attention-shaped ones. The sample always holds the first
+and last slices and the slices on both sides of the 2**31-th element, where an int32
+offset first wraps.
+
+Each slice is a valid smaller problem of the same op (rows and heads are independent
+by the contract), so its reference and allowance are the op's own, unchanged. Two
+outputs are not slices of anything: layer norm's dweight and dbias sum over every row;
+their kernels run on the whole input here, but only dx is compared.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from properties import generic
+from properties.oracle import assert_close, to_numpy
+from properties.registry import OPS, Implementation
+from properties.strategies import Case, TensorSpec
+
+PAST_INT32 = 2**31 + 2**20  # elements: past the int32 range with room to spare
+SAMPLE = 6  # slices compared besides the ones at the ends and at the 2**31 boundary
+
+
+@dataclass(frozen=True)
+class LargeProblem:
+    """How to build one op's input past 2**31 elements and cut it into slices.
+
+    ``split`` is ``"rows"`` (the first dim of the tensors named in ``sliced``) or
+    ``"heads"`` (the first two dims, [B, H, ...], of those tensors); every other
+    argument is passed whole to each slice."""
+
+    op: str
+    build: Callable[[torch.dtype, torch.device], dict[str, Any]]
+    split: str
+    sliced: tuple[str, ...]
+    whole_sum_grads: tuple[str, ...] = ()  # gradients that sum over every slice: run, not compared
+
+    def __post_init__(self):
+        if self.split not in ("rows", "heads"):
+            raise ValueError(f"LargeProblem {self.op!r}: split must be 'rows' or 'heads', got {self.split!r}")
+
+
+def _randn(shape, dtype, device, positive=False):
+    t = torch.randn(shape, device=device, dtype=torch.float32)
+    return (t.abs() if positive else t).to(dtype)
+
+
+def _rows_past_int32(n: int) -> int:
+    return PAST_INT32 // n + 1
+
+
+def _row_wise(n: int):
+    return lambda dtype, device: {"x": _randn((_rows_past_int32(n), n), dtype, device)}
+
+
+def _heads(n: int, d: int, positive=False, v_dim=None):
+    bh = _rows_past_int32(n * d)
+    heads = 16
+    batch = math.ceil(bh / heads)
+
+    def build(dtype, device):
+        out = {"q": _randn((batch, heads, n, d), dtype, device, positive),
+               "k": _randn((batch, heads, n, d), dtype, device, positive),
+               "v": _randn((batch, heads, n, v_dim or d), dtype, device)}
+        return out
+    return build
+
+
+def _layer_norm(n: int, residual: bool):
+    def build(dtype, device):
+        m = _rows_past_int32(n)
+        out = {"x": _randn((m, n), dtype, device), "weight": _randn((n,), dtype, device),
+               "bias": _randn((n,), dtype, device)}
+        if residual:
+            out["residual"] = _randn((m, n), dtype, device)
+        return out
+    return build
+
+
+def _cross_entropy(v: int):
+    def build(dtype, device):
+        m = _rows_past_int32(v)
+        return {"logits": _randn((m, v), dtype, device), "target": torch.randint(0, v, (m,), device=device)}
+    return build
+
+
+def _rope(s: int, d: int):
+    def build(dtype, device):
+        heads = 16
+        batch = math.ceil(_rows_past_int32(s * d) / heads)
+        theta = torch.rand((s, d // 2), device=device) * 6.2831853
+        return {"x": _randn((batch, heads, s, d), dtype, device), "cos": theta.cos().to(dtype),
+                "sin": theta.sin().to(dtype)}
+    return build
+
+
+def _swiglu(n: int):
+    def build(dtype, device):
+        m = _rows_past_int32(n)
+        return {"gate": _randn((m, n), dtype, device), "up": _randn((m, n), dtype, device)}
+    return build
+
+
+# Row lengths past every common block size (2**17 + 3 for softmax) keep the multi-block
+# paths in play; vocabularies as models use them (Llama 3: 128256).
+PROBLEMS: dict[str, LargeProblem] = {p.op: p for p in (
+    LargeProblem("softmax", _row_wise(2**17 + 3), "rows", ("x",)),
+    LargeProblem("layer_norm", _layer_norm(4099, residual=False), "rows", ("x",), whole_sum_grads=("weight", "bias")),
+    LargeProblem("dropout_residual_layer_norm", _layer_norm(4099, residual=True), "rows", ("x", "residual")),
+    LargeProblem("attention", _heads(2048, 128), "heads", ("q", "k", "v")),
+    LargeProblem("linear_attention", _heads(4096, 64, positive=True, v_dim=64), "heads", ("q", "k", "v")),
+    LargeProblem("elu_feature_map", _row_wise(8191), "rows", ("x",)),
+    LargeProblem("cross_entropy", _cross_entropy(128256), "rows", ("logits", "target")),
+    LargeProblem("rope", _rope(4096, 128), "heads", ("x",)),
+    LargeProblem("swiglu", _swiglu(11008), "rows", ("gate", "up")),
+)}
+
+DEFAULT_PARAMS = {"softmax": {"temperature": 1.0}, "layer_norm": {"eps": 1e-5},
+                  "dropout_residual_layer_norm": {"p": 0.0, "seed": 0, "eps": 1e-5},
+                  "attention": {"causal": False, "sm_scale": None}, "linear_attention": {"causal": False, "eps": 1e-6},
+                  "cross_entropy": {"ignore_index": -100}}
+
+
+def bytes_needed(op: str, dtype: torch.dtype) -> int:
+    """A generous estimate of the device memory one run needs: inputs, outputs, upstream
+    gradients and gradients, each about PAST_INT32 elements."""
+    spec, problem = OPS[op], PROBLEMS[op]
+    tensors = len(problem.sliced) + len(spec.outputs) + 2 * len(spec.grad_inputs)
+    return tensors * PAST_INT32 * torch.tensor([], dtype=dtype).element_size() + 2**30
+
+
+def _slices(count: int, per_slice: int, seed: int) -> list[int]:
+    """The first and last slices, the two around element 2**31, and SAMPLE others."""
+    boundary = 2**31 // per_slice
+    picks = {0, count - 1, boundary - 1, boundary, boundary + 1}
+    rng = np.random.default_rng(seed)
+    picks.update(int(i) for i in rng.integers(0, count, SAMPLE))
+    return sorted(i for i in picks if 0 <= i < count)
+
+
+def _cut(t: torch.Tensor, split: str, index: list[int]) -> torch.Tensor:
+    if split == "rows":
+        return t[index].clone()
+    return t.flatten(0, 1)[index].unsqueeze(0).clone()
+
+
+def _case(op: str, dtype: torch.dtype, values: dict[str, Any]) -> Case:
+    """The slice as a Case: what the op's tolerance rules read (shapes, dtypes, scalars)."""
+    spec = OPS[op]
+    tensors = {k: TensorSpec(tuple(v.shape), str(v.dtype).replace("torch.", ""))
+               for k, v in values.items() if isinstance(v, torch.Tensor)}
+    params = {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)}
+    return Case(op, str(dtype).replace("torch.", ""), spec.arguments, tensors, params)
+
+
+def check(op: str, impl: Implementation, dtype: torch.dtype, device: torch.device, seed: int = 0) -> int:
+    """Run ``impl`` on the op's input past 2**31 elements and compare the sampled slices
+    (outputs, and gradients where the op has them) with the fp64 reference; raises
+    AssertionError on the first slice that is off. Returns the number of slices compared."""
+    spec, problem = OPS[op], PROBLEMS[op]
+    torch.manual_seed(seed)
+    values = {**problem.build(dtype, device), **DEFAULT_PARAMS.get(op, {})}
+    grads_wanted = bool(spec.grad_inputs) and impl.supports_backward
+    for name in spec.grad_inputs if grads_wanted else ():
+        values[name] = values[name].detach().requires_grad_(True)
+    outs = spec.unpack(impl.fn(*(values[a] for a in spec.arguments)))
+    grads = {}
+    if grads_wanted:
+        dys = {n: _randn(outs[n].shape, outs[n].dtype, device) for n in spec.grad_outputs}
+        got = torch.autograd.grad([outs[n] for n in spec.grad_outputs], [values[a] for a in spec.grad_inputs],
+                                  [dys[n] for n in spec.grad_outputs])
+        grads = dict(zip(spec.grad_inputs, got))
+    first = values[problem.sliced[0]]
+    count = first.shape[0] if problem.split == "rows" else first.shape[0] * first.shape[1]
+    index = _slices(count, first.numel() // count, seed)
+
+    sub = {k: (_cut(v.detach(), problem.split, index) if k in problem.sliced else
+               (v.detach() if isinstance(v, torch.Tensor) else v)) for k, v in values.items()}
+    case = _case(op, dtype, sub)
+    where = f"{op} on {count} {problem.split} of {first.numel() // count} elements ({first.numel()} in all)"
+    expected, inputs64 = spec.expected(case, sub)
+    allowed = spec.tolerance(case, inputs64, expected, generic.precision(impl, case))
+    for name in spec.outputs:
+        got, out_dtype = _cut(outs[name].detach(), problem.split, index), spec.output_dtypes.get(name, dtype)
+        if not out_dtype.is_floating_point:  # a mask: exactly the reference's
+            wrong = int((got.cpu().numpy() != expected[name]).sum())
+            if wrong:
+                raise AssertionError(f"past 2**31 elements ({where}, slices {index}): output {name!r} differs from "
+                                     f"the reference in {wrong} of {got.numel()} elements")
+            continue
+        assert_close(name, got, expected[name], allowed[name], what=f"past 2**31 elements ({where}, slices {index})",
+                     dtype=out_dtype, record=False)
+    if grads_wanted:
+        _compare_grads(spec, problem, case, sub, {n: _cut(d, problem.split, index) for n, d in dys.items()},
+                       {n: _cut(g, problem.split, index) for n, g in grads.items() if n not in problem.whole_sum_grads},
+                       impl, where, index)
+    return len(index)
+
+
+def _compare_grads(spec, problem, case, sub, dys, grads, impl, where, index) -> None:
+    args64 = {k: (v.detach().to("cpu", torch.float64 if v.dtype.is_floating_point else v.dtype)
+                  .requires_grad_(k in spec.grad_inputs) if isinstance(v, torch.Tensor) else v)
+              for k, v in sub.items()}
+    outs64 = spec.unpack(spec.torch_reference(*(args64[a] for a in spec.arguments)))
+    grads64 = torch.autograd.grad([outs64[n] for n in spec.grad_outputs], [args64[a] for a in spec.grad_inputs],
+                                  [dys[n].to("cpu", torch.float64) for n in spec.grad_outputs])
+    np_in = {k: to_numpy(v) if isinstance(v, torch.Tensor) else v for k, v in args64.items()}
+    np_in.update({f"d{n}": to_numpy(d) for n, d in dys.items()})
+    np_out = {k: to_numpy(v) for k, v in outs64.items()}
+    np_grads = {n: to_numpy(g) for n, g in zip(spec.grad_inputs, grads64)}
+    allowed = spec.grad_tolerance(case, np_in, np_out, np_grads, generic.precision(impl, case))
+    for name, got in grads.items():
+        assert_close(f"d{name}", got, np_grads[name], allowed[f"d{name}"],
+                     what=f"gradient past 2**31 elements ({where}, slices {index})", dtype=got.dtype, record=False)
+
+
+def verdict_of(target: str, op: str, dtype_name: str):
+    """The check on the implementation ``target`` as a self-test verdict (failed or not),
+    for running it in an isolated child (a wild offset can break the CUDA context)."""
+    from properties import backend, registry
+    from properties.selfcheck import Verdict
+    from properties.strategies import dtype_from_name
+    registry.load()
+    fn, dtype = registry.resolve(target), dtype_from_name(dtype_name)
+    try:
+        check(op, Implementation.of(op, fn, kind="mutant", target=target), dtype, backend.device())
+    except AssertionError as exc:
+        return Verdict(True, dtype, str(exc))
+    return Verdict(False, dtype, "")

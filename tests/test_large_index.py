@@ -1,0 +1,73 @@
+"""The large-index check (``-m large``): every op on an input past 2**31 elements, on the
+GPU (see properties/large_index.py). Skipped with the reason on the CPU (the interpreter
+would take hours over 2**31 elements) and where the GPU has too little memory free.
+
+    python -m pytest tests/test_large_index.py -m large [--impl OP=module:function]
+"""
+import pytest
+import torch
+
+from properties import backend, registry
+from properties.large_index import PROBLEMS, bytes_needed, check, verdict_of
+
+pytestmark = pytest.mark.large
+DTYPE_PREFERENCE = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _why_not(op: str, dtype: torch.dtype) -> str | None:
+    if backend.current() != "cuda":
+        return "the large-index check runs on CUDA only: under the interpreter 2**31 elements would take hours"
+    free, _ = torch.cuda.mem_get_info()
+    need = bytes_needed(op, dtype)
+    if free < need:
+        return f"{op} past 2**31 elements needs about {need / 2**30:.0f} GiB of GPU memory, {free / 2**30:.0f} GiB free"
+    return None
+
+
+def test_every_op_has_a_large_problem():
+    assert set(PROBLEMS) == set(registry.load())
+
+
+def _targets():
+    registry.load()
+    out = []
+    for op in sorted(PROBLEMS):
+        for impl in registry.implementations(op):
+            dtype = next((d for d in DTYPE_PREFERENCE if not impl.unsupported(d)), None)
+            if dtype is not None:
+                out.append(pytest.param(op, impl, dtype, id=f"{op}-{impl.name}-{str(dtype)[6:]}"))
+    return out
+
+
+@pytest.mark.parametrize("op, impl, dtype", _targets())
+def test_past_int32_offsets_match_the_reference(op, impl, dtype):
+    reason = _why_not(op, dtype)
+    if reason:
+        pytest.skip(reason)
+    try:
+        compared = check(op, impl, dtype, backend.device())
+    finally:
+        torch.cuda.empty_cache()
+    assert compared >= 5
+
+
+def test_an_int32_row_offset_is_caught():
+    """mutants.offsets:row_offset_int32 (cross-entropy, int32 row * stride) fails it, in a
+    spawned child: its wild reads may break the CUDA context."""
+    reason = _why_not("cross_entropy", torch.bfloat16)
+    if reason:
+        pytest.skip(reason)
+    from properties.selfcheck import isolated
+    verdict = isolated(verdict_of, "mutants.offsets:row_offset_int32", "cross_entropy", "bfloat16")
+    assert verdict.failed, "the int32 row-offset mutant passed the large-index check"
+    print(verdict.text[:2000])
+
+
+@pytest.mark.parametrize("op", ["swiglu", "layer_norm", "dropout_residual_layer_norm"])
+def test_the_slicing_and_comparison_work_at_a_small_size(op, monkeypatch):
+    """The machinery of the check, on every backend: a few thousand elements instead of
+    2**31, the project's kernel, slices compared with their fp64 reference."""
+    import properties.large_index as large
+    monkeypatch.setattr(large, "PAST_INT32", 3000)
+    kernel = registry.Implementation.of(op, registry.resolve(registry.OPS[op].kernel), kind="kernel")
+    assert check(op, kernel, torch.float16, backend.device()) >= 1
