@@ -388,6 +388,12 @@ _checks = tuple(dataclasses.replace(c, run=gradients_match_reference) if c.name 
 register(OpSpec(
     name="attention",
     signature="attention(q, k, v, causal=False, sm_scale=None) -> (o, lse)",
+    meaning="`q [B, H, Nq, D]`, `k`, `v` `[B, H, Nk, D]`; `sm_scale` defaults to `1/sqrt(D)`; "
+            "`o = softmax(q k^T * sm_scale [+ causal mask]) v`; `lse [B, H, Nq]` float32 is the natural-log "
+            "logsumexp of the scaled, masked scores of each row. Causal requires `Nq == Nk` and masks key `j > i`.",
+    scalars=("causal", "sm_scale"),
+    dims={"B": ("q", 0), "H": ("q", 1), "Nq": ("q", 2), "Nk": ("k", 2), "D": ("q", 3)},
+    choices={"causal": (False, True), "sm_scale": SM_SCALES},
     arguments=("q", "k", "v", "causal", "sm_scale"),
     outputs=("o", "lse"),
     kernel="kernels.attention:attention",

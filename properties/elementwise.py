@@ -101,6 +101,10 @@ def pair_norms_preserved(case: Case, impl: Implementation) -> None:
 register(OpSpec(
     name="rope",
     signature="rope(x, cos, sin) -> y",
+    meaning="`x [B, H, S, D]`, `D` even; `cos`, `sin` `[S, D // 2]`; interleaved pairs: "
+            "`y[..., 2i] = x[..., 2i] cos[s, i] - x[..., 2i+1] sin[s, i]`, "
+            "`y[..., 2i+1] = x[..., 2i] sin[s, i] + x[..., 2i+1] cos[s, i]`",
+    dims={"B": ("x", 0), "H": ("x", 1), "S": ("x", 2), "D": ("x", 3)},
     arguments=("x", "cos", "sin"),
     outputs=("y",),
     kernel="kernels.elementwise:rope",
@@ -186,6 +190,8 @@ def _swiglu_checks() -> tuple[Check, ...]:
 register(OpSpec(
     name="swiglu",
     signature="swiglu(gate, up) -> y",
+    meaning="`y = gate * sigmoid(gate) * up`, elementwise, same shapes",
+    dims={"N": ("gate", -1)},
     arguments=("gate", "up"),
     outputs=("y",),
     kernel="kernels.elementwise:swiglu",

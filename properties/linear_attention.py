@@ -116,6 +116,8 @@ def feature_map_positive_finite(case: Case, impl: Implementation) -> None:
 register(OpSpec(
     name="elu_feature_map",
     signature="elu_feature_map(x) -> y",
+    meaning="`y = elu(x) + 1 = max(x, 0) + exp(min(x, 0))`",
+    dims={"N": ("x", -1)},
     arguments=("x",),
     outputs=("y",),
     kernel="kernels.linear_attention:elu_feature_map",
@@ -335,6 +337,12 @@ def la_tolerance(case, inputs64, expected, p):
 register(OpSpec(
     name="linear_attention",
     signature="linear_attention(q, k, v, causal=False, eps=1e-6) -> o",
+    meaning="`q`, `k` `[B, H, N, D]` (feature-mapped, non-negative), `v [B, H, N, Dv]`; bidirectional: "
+            "`o_i = (q_i S) / (q_i . z + eps)` with `S = sum_j k_j v_j^T`, `z = sum_j k_j`; causal: the sums run over "
+            "`j <= i`",
+    scalars=("causal", "eps"),
+    dims={"B": ("q", 0), "H": ("q", 1), "N": ("q", 2), "D": ("q", 3), "Dv": ("v", 3)},
+    choices={"causal": (False, True)},
     arguments=("q", "k", "v", "causal", "eps"),
     outputs=("o",),
     kernel="kernels.linear_attention:linear_attention",

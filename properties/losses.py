@@ -183,6 +183,10 @@ def shift_invariant(case: Case, impl: Implementation) -> None:
 register(OpSpec(
     name="cross_entropy",
     signature="cross_entropy(logits, target, ignore_index=-100) -> loss",
+    meaning="`logits [M, V]`, `target [M]` int64; `loss [M]` float32 `= logsumexp(logits[i]) - logits[i, target[i]]`, "
+            "and exactly 0 where `target[i] == ignore_index`",
+    scalars=("ignore_index",),
+    dims={"M": ("logits", 0), "V": ("logits", 1)},
     arguments=("logits", "target", "ignore_index"),
     outputs=("loss",),
     kernel="kernels.losses:cross_entropy",

@@ -406,6 +406,10 @@ def seed_reproducible(case: Case, impl: Implementation) -> None:
 register(OpSpec(
     name="layer_norm",
     signature="layer_norm(x, weight, bias, eps=1e-5) -> y",
+    meaning="over the last dim; `x [..., N]`, `weight`, `bias` `[N]`; biased variance; "
+            "`y = (x - mean) / sqrt(var + eps) * weight + bias`",
+    scalars=("eps",),
+    dims={"N": ("x", -1)},
     arguments=("x", "weight", "bias", "eps"),
     outputs=("y",),
     kernel="kernels.norms:layer_norm",
@@ -429,6 +433,10 @@ register(OpSpec(
 register(OpSpec(
     name="dropout_residual_layer_norm",
     signature="dropout_residual_layer_norm(x, residual, weight, bias, p, seed, eps=1e-5) -> (y, keep)",
+    meaning="`h = where(keep, x / (1 - p), 0) + residual`, `y = layer_norm(h, weight, bias, eps)`; `keep` is the "
+            "bool keep-mask, shape of `x`; `0 <= p < 1`; the same `seed` gives the same `keep`",
+    scalars=("p", "seed", "eps"),
+    dims={"N": ("x", -1)},
     arguments=("x", "residual", "weight", "bias", "p", "seed", "eps"),
     outputs=("y", "keep"),
     kernel="kernels.norms:dropout_residual_layer_norm",

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from properties.strategies import FLOAT_DTYPES, Case
 
-# Each family module registers its ops on import. The meta-tests check that every
-# op of shared/ops-contract.md ends up registered.
+# Each family module registers its ops on import; docs/contract.md is generated from
+# what they register.
 FAMILIES = ("softmax", "attention", "norms", "linear_attention", "losses", "elementwise")
 
 
@@ -61,7 +61,14 @@ class Check:
 
 @dataclass(frozen=True)
 class OpSpec:
-    """Everything the suite knows about one op of ``shared/ops-contract.md``."""
+    """Everything the suite knows about one op of the contract (``docs/contract.md``,
+    generated from these records).
+
+    ``meaning`` is the contract's sentence on shapes and semantics; ``scalars`` names the
+    arguments that are not tensors; ``dims`` names the sizes a kernel may declare limits
+    on, each as (tensor argument, axis); ``choices`` the scalar arguments whose values the
+    strategy draws from a set, with that set (a kernel may narrow it).
+    """
 
     name: str
     signature: str
@@ -79,10 +86,22 @@ class OpSpec:
     grad_tolerance: Callable[..., dict[str, np.ndarray]] | None = None
     output_shapes: Callable[[Case], dict[str, tuple[int, ...]]] | None = None  # for upstream gradients
     output_dtypes: Mapping[str, torch.dtype] = field(default_factory=dict)  # outputs not in the input dtype
+    meaning: str = ""
+    scalars: tuple[str, ...] = ()
+    dims: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    choices: Mapping[str, tuple] = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.name.isidentifier():
             raise ValueError(f"OpSpec name must be an identifier, got {self.name!r}")
+        if not set(self.scalars) <= set(self.arguments):
+            raise ValueError(f"OpSpec {self.name!r}: scalars {sorted(set(self.scalars) - set(self.arguments))} "
+                             "are not arguments")
+        for dim, (tensor, _axis) in self.dims.items():
+            if tensor not in self.tensor_arguments:
+                raise ValueError(f"OpSpec {self.name!r}: dim {dim!r} names {tensor!r}, not a tensor argument")
+        if not set(self.choices) <= set(self.scalars) or not all(self.choices.values()):
+            raise ValueError(f"OpSpec {self.name!r}: choices must map scalar arguments to non-empty value sets")
         names = [c.name for c in self.checks]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -98,6 +117,10 @@ class OpSpec:
                 raise ValueError(f"OpSpec {self.name!r}: grad_inputs {sorted(missing)} are not arguments")
         if not set(self.grad_outputs) <= set(self.outputs):
             raise ValueError(f"OpSpec {self.name!r}: grad_outputs must be among outputs {self.outputs}")
+
+    @property
+    def tensor_arguments(self) -> tuple[str, ...]:
+        return tuple(a for a in self.arguments if a not in self.scalars)
 
     def unpack(self, result) -> dict[str, torch.Tensor]:
         """Name the outputs an implementation returned, checking their number and type."""

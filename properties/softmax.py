@@ -199,6 +199,11 @@ def rows_independent(case: Case, impl: Implementation) -> None:
 register(OpSpec(
     name="softmax",
     signature="softmax(x, temperature=1.0) -> y",
+    meaning="softmax of `x / temperature` over the last dim; `x` is `[..., N]`, `temperature > 0`. A row that is "
+            "all `-inf` gives NaN (as `torch.softmax`); `-inf` entries in a row with a finite entry give exactly 0.",
+    scalars=("temperature",),
+    dims={"N": ("x", -1)},
+    choices={"temperature": TEMPERATURES},
     arguments=("x", "temperature"),
     outputs=("y",),
     kernel="kernels.softmax:softmax",
