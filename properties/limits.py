@@ -55,6 +55,8 @@ def _suggest(name: str, known: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class Limits:
+    """A kernel's declared limits, parsed by :meth:`parse` (the vocabulary is above)."""
+
     max_size: Mapping[str, int] = field(default_factory=dict)
     min_size: Mapping[str, int] = field(default_factory=dict)
     sizes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
@@ -169,6 +171,38 @@ class Limits:
 
     # ------------------------------------------------------------------ steering
 
+    def bounds(self, dim: str) -> bool:
+        """Whether any size limit names ``dim``."""
+        return dim in self.min_size or dim in self.max_size or dim in self.sizes
+
+    def joined(self, dim: str, other: str) -> "Limits":
+        """These limits with ``other``'s size limits added to ``dim``'s (two dims that
+        must be equal, e.g. Nq and Nk of causal attention)."""
+        lo = max(self.min_size.get(dim, 1), self.min_size.get(other, 1))
+        hi = min(self.max_size.get(dim, 2**62), self.max_size.get(other, 2**62))
+        allowed = set(self.sizes.get(dim, ())) or set(self.sizes.get(other, ()))
+        if dim in self.sizes and other in self.sizes:
+            allowed &= set(self.sizes[other])
+            if not allowed:
+                raise OutsideLimits(f"the declared sizes of {dim} and {other}, which must be equal here, share none")
+        return dataclasses.replace(self, min_size={**self.min_size, dim: lo},
+                                   max_size={**self.max_size, dim: hi},
+                                   sizes={**self.sizes, **({dim: tuple(sorted(allowed))} if allowed else {})})
+
+    def halved(self, dim: str) -> "Limits":
+        """The limits of ``dim`` for a strategy that draws half of it (rope draws the
+        number of pairs, D / 2)."""
+        if not self.bounds(dim):
+            return self
+        sizes_ = {**self.sizes}
+        if dim in self.sizes:
+            sizes_[dim] = tuple(n // 2 for n in self.sizes[dim] if n % 2 == 0)
+            if not sizes_[dim]:
+                raise OutsideLimits(f"the declared sizes of {dim} hold no even size")
+        lo = {**self.min_size, **({dim: -(-self.min_size[dim] // 2)} if dim in self.min_size else {})}
+        hi = {**self.max_size, **({dim: max(1, self.max_size[dim] // 2)} if dim in self.max_size else {})}
+        return dataclasses.replace(self, min_size=lo, max_size=hi, sizes=sizes_)
+
     def size(self, dim: str, lo: int, hi: int, *, blocks: Sequence[int] = ()) -> st.SearchStrategy[int]:
         """:func:`properties.strategies.sizes` for a named dim, inside the limits.
 
@@ -240,3 +274,6 @@ class Limits:
             if layout is not None and not layout.contiguous:
                 return f"{name} {layout.describe()}"
         return None
+
+
+NO_LIMITS = Limits()

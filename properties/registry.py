@@ -22,6 +22,9 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
+from properties import declarations
+from properties.declarations import ExpectedFailure
+from properties.limits import Limits
 from properties.strategies import FLOAT_DTYPES, Case
 
 # Each family module registers its ops on import; docs/contract.md is generated from
@@ -156,8 +159,9 @@ class Implementation:
     kind: str = "kernel"  # kernel | user | mutant | control
     dtypes: tuple[torch.dtype, ...] | None = None  # None: every dtype of the op
     supports_backward: bool = True
-    expected_failures: Mapping[str, str] = field(default_factory=dict)  # check name -> reason
+    expected_failures: tuple[ExpectedFailure, ...] = ()
     target: str | None = None  # "module:function", for replay commands
+    limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self):
         if not callable(self.fn):
@@ -168,14 +172,27 @@ class Implementation:
     @classmethod
     def of(cls, op: str, fn: Callable, name: str | None = None, kind: str = "user",
            target: str | None = None) -> "Implementation":
-        """Read what ``fn`` declares: ``fn.dtypes``, ``fn.supports_backward``,
-        ``fn.expected_failures`` (a dict of check name to reason)."""
-        dtypes = getattr(fn, "dtypes", None)
-        return cls(op=op, name=name or getattr(fn, "__name__", None) or getattr(fn, "name", "impl"), fn=fn,
-                   kind=kind, dtypes=tuple(dtypes) if dtypes is not None else None,
-                   supports_backward=bool(getattr(fn, "supports_backward", True)),
-                   expected_failures=dict(getattr(fn, "expected_failures", {}) or {}),
+        """Read and validate what ``fn`` declares (``properties/declarations.py`` lists the
+        attributes: ``dtypes``, ``supports_backward``, ``expected_failures``, ``limits``, ...)."""
+        load()
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r}; known ops: {', '.join(sorted(OPS))}")
+        spec = OPS[op]
+        name = name or getattr(fn, "__name__", None) or getattr(fn, "name", "impl")
+        owner = target or _target_of(fn) or name
+        declarations.check_attributes(fn, owner)
+        return cls(op=op, name=name, fn=fn, kind=kind,
+                   dtypes=declarations.dtypes(spec, getattr(fn, "dtypes", None), owner),
+                   supports_backward=getattr(fn, "supports_backward", True),
+                   expected_failures=declarations.expected_failures(spec, getattr(fn, "expected_failures", None),
+                                                                    owner),
+                   limits=Limits.parse(spec, getattr(fn, "limits", None), owner),
                    target=target or _target_of(fn))
+
+    def expected_failure(self, check: str, dtype: torch.dtype) -> ExpectedFailure | None:
+        """The declared expected failure of ``check`` in ``dtype`` on this run's backend."""
+        from properties import backend
+        return next((e for e in self.expected_failures if e.applies(check, dtype, backend.current())), None)
 
     def unsupported(self, dtype: torch.dtype) -> str | None:
         if self.dtypes is not None and dtype not in self.dtypes:
