@@ -49,7 +49,7 @@ class OutsideLimits(Exception):
 
 
 def _suggest(name: str, known: Sequence[str]) -> str:
-    close = difflib.get_close_matches(name, list(known), n=1)
+    close = [k for k in known if k.lower() == name.lower()] or difflib.get_close_matches(name, list(known), n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
@@ -267,7 +267,7 @@ class Limits:
             if case.params[arg] not in allowed:
                 return f"{arg} = {case.params[arg]!r}"
         for name in self.same_dtype:
-            if case.tensors[name].dtype != case.dtype:
+            if case.tensors[name].torch_dtype.is_floating_point and case.tensors[name].dtype != case.dtype:
                 return f"{name} in {case.tensors[name].dtype}"
         for name in self.contiguous:
             layout = case.tensors[name].layout

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
@@ -80,10 +81,26 @@ def refusals_fail(kind: str, mode: str) -> bool:
     return mode == "fail" or (mode == "auto" and kind in _OWNED)
 
 
+# Messages that differ only in their numbers ("rows of 1024", "rows of 2049") are one refusal.
+_NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?\d+(\.\d+)?(e[-+]?\d+)?")
+ALL_REFUSED_AFTER = 50  # refusals with no accepted example before a test is called all-refused
+
+
+def distinct(messages: dict[str, int]) -> list[tuple[str, int, int]]:
+    """(first message, count, variants) per message up to its numbers, most frequent first."""
+    groups: dict[str, list] = {}
+    for msg, n in messages.items():
+        g = groups.setdefault(_NUMBER.sub("#", msg), [msg, 0, 0])
+        g[1] += n
+        g[2] += 1
+    return sorted((tuple(g) for g in groups.values()), key=lambda g: (-g[1], g[0]))
+
+
 def summarise(messages: dict[str, int] | Counter, limit: int = 3, width: int = 120) -> str:
-    """The distinct messages, most frequent first, each with its count."""
-    items = sorted(messages.items(), key=lambda kv: (-kv[1], kv[0]))
-    text = "; ".join(f"{count}x {msg[:width]}" for msg, count in items[:limit])
+    """The distinct messages (up to their numbers), most frequent first, each with its count."""
+    items = distinct(dict(messages))
+    text = "; ".join(f"{count}x {msg[:width]}" + (f" (and {variants - 1} variant(s))" if variants > 1 else "")
+                     for msg, count, variants in items[:limit])
     if len(items) > limit:
         text += f"; and {len(items) - limit} other message(s)"
     return text
