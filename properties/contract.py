@@ -61,10 +61,12 @@ reported as skipped with the messages, never as passed. With `--refusals=fail` a
 refusal fails the test; the project's own kernels and the planted bugs run that way
 by default (they accept the whole contract, so a refusal from them is a bug).
 
-Nothing else is a refusal: another exception, a CUDA error, a crash, a result of the
-wrong shape or dtype, a wrong or non-finite value, an exception raised by the suite's
-own code around the call, and a refusal of a call the check makes after the first
-(e.g. the backward, or the second run of `deterministic`) all fail.
+Nothing else is a refusal: another exception, a CUDA error, a crash, an error raised
+inside Triton's compiler, launcher or interpreter, a `TypeError` from calling the
+function with the contract's arguments (a signature that does not follow it), a
+result of the wrong shape or dtype, a wrong or non-finite value, an error in the
+backward (the forward accepted the input), and an exception raised by the suite's own
+code around the call all fail.
 """
 
 LIMITS = """\

@@ -78,21 +78,22 @@ def _cases(op_name: str, check, limits: dict, dtype=torch.float16):
     return Target(OPS[op_name], k, dtype, check), k.limits
 
 
+def _draws_inside(op, check, strategy, limits) -> None:
+    @settings(max_examples=4, database=None, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def inside(data):
+        case = data.draw(strategy)
+        assert limits.excludes(op, case) is None, f"{check.name}: {limits.excludes(op, case)}"
+
+    inside()
+
+
 def _assert_inside(op_name, limits_decl):
     op = OPS[op_name]
     for check in op.checks:
         target, limits = _cases(op_name, check, limits_decl)
         try:
-            strategy = target.strategy()
-
-            @settings(max_examples=4, database=None, deadline=None, derandomize=True,
-                      suppress_health_check=list(HealthCheck))
-            @given(data=st.data())
-            def inside(data):
-                case = data.draw(strategy)
-                assert limits.excludes(op, case) is None, f"{check.name}: {limits.excludes(op, case)}"
-
-            inside()
+            _draws_inside(op, check, target.strategy(), limits)
         except OutsideLimits:
             continue  # the check needs cases these limits exclude: skipped with that reason
 
@@ -157,3 +158,20 @@ def test_limits_describe():
     limits = Limits.parse(OPS["attention"], {"sizes": {"D": (128, 64)}, "values": {"causal": (True,)},
                                              "max_size": {"Nq": 4096}, "contiguous": True}, "fa")
     assert limits.describe() == "Nq <= 4096; D in [64, 128]; causal in [True]; q, k, v contiguous"
+
+
+def test_the_readme_declarations_are_valid():
+    """The README's attribute examples load, and its expected failure (deterministic,
+    scoped to CUDA) does not apply on the interpreter, where the check must pass."""
+    import re
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if ".limits" in b]
+    assert len(blocks) == 2, "README: the attributes example and the limits example"
+    namespace = {"torch": torch}
+    exec("def flash_attention(q, k, v, causal=False, sm_scale=None): ...\ndef rope(x, cos, sin): ...\n"
+         + "\n".join(blocks), namespace)
+    softmax = registry.Implementation.of("softmax", namespace["softmax"])
+    assert softmax.expected_failure("deterministic", torch.float16) is None
+    assert registry.Implementation.of("attention", namespace["flash_attention"]).limits
+    assert registry.Implementation.of("rope", namespace["rope"]).limits.same_dtype == ("cos", "sin")
