@@ -94,7 +94,7 @@ def pytest_configure(config):
             if not sep:
                 raise ValueError(f"--impl {spec!r}: expected OP=package.module:function")
             registry.register_implementation(op.strip(), target.strip())
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:  # a bad --impl, or a kernel's declarations that do not validate
         raise pytest.UsageError(str(exc)) from None
     from properties import harness, report
     harness.set_collector(report.Collector())

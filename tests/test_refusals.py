@@ -55,40 +55,29 @@ def _refused(report: dict, impl: str) -> int:
                for n in msgs.values())
 
 
-@pytest.fixture(scope="module")
-def softmax_run(tmp_path_factory):
+def test_softmax_refusals(tmp_path):
+    """Rows past 64, non-contiguous input, float32: correct kernels pass with and without
+    declaring it (undeclared, the refusals show in the report); a kernel refusing every
+    example is skipped, not passed; a planted bug behind the refusals still fails."""
     impls = ["softmax_short_rows", "softmax_short_rows_declared", "softmax_contiguous_only",
              "softmax_contiguous_only_declared", "softmax_no_float32", "mutant_short_rows",
              "mutant_short_rows_declared"]
-    return run_suite(tmp_path_factory.mktemp("softmax"), "softmax", impls, ["float32"],
-                     "-k", "matches_reference or inputs_unchanged or rows_sum_to_one")
-
-
-@pytest.mark.parametrize("impl", ["softmax_short_rows", "softmax_short_rows_declared", "softmax_contiguous_only",
-                                  "softmax_contiguous_only_declared"])
-def test_correct_kernel_that_refuses_passes(softmax_run, impl):
-    outcomes, report, out = softmax_run
-    for check in ("matches_reference", "inputs_unchanged", "rows_sum_to_one"):
-        assert _outcome(outcomes, impl, check) == "passed", out[-3000:]
-    if impl.endswith("_declared"):
-        assert _refused(report, impl) == 0, "declared limits steer generation: nothing left to refuse"
-        assert any(impl in k for k in report["limits"]), report["limits"]
-    else:
-        assert _refused(report, impl) > 0, "the undeclared limit must show as refusals in the report"
-        assert "refused" in out
-
-
-def test_every_example_refused_is_skipped_not_passed(softmax_run):
-    outcomes, report, _ = softmax_run
+    outcomes, report, out = run_suite(tmp_path, "softmax", impls, ["float32"],
+                                      "-k", "matches_reference or inputs_unchanged or rows_sum_to_one")
+    for impl in impls[:4]:
+        for check in ("matches_reference", "inputs_unchanged", "rows_sum_to_one"):
+            assert _outcome(outcomes, impl, check) == "passed", f"{impl} {check}\n{out[-3000:]}"
+        if impl.endswith("_declared"):
+            assert _refused(report, impl) == 0, "declared limits steer generation: nothing left to refuse"
+            assert any(impl in k for k in report["limits"]), report["limits"]
+        else:
+            assert _refused(report, impl) > 0, "the undeclared limit must show as refusals in the report"
+    assert "examples that did not count" in out
     verdict = _outcome(outcomes, "softmax_no_float32", "matches_reference")
     assert verdict.startswith("skipped: every example was refused"), verdict
     assert "float32 is not supported" in verdict
-
-
-@pytest.mark.parametrize("impl", ["mutant_short_rows", "mutant_short_rows_declared"])
-def test_refusals_do_not_hide_a_planted_bug(softmax_run, impl):
-    outcomes, _, out = softmax_run
-    assert _outcome(outcomes, impl, "matches_reference") == "failed", out[-3000:]
+    for impl in ("mutant_short_rows", "mutant_short_rows_declared"):
+        assert _outcome(outcomes, impl, "matches_reference") == "failed", out[-3000:]
 
 
 def test_refusals_fail_option(tmp_path):
