@@ -58,7 +58,7 @@ refused that input: the example is discarded, not failed. Refusals are counted p
 test, with their distinct messages (and how often each came), in the terminal table,
 the failure summary and every report; a test in which every example was refused is
 reported as skipped with the messages, never as passed. With `--refusals=fail` a
-refusal fails the test; the project's own kernels and the planted bugs run that way
+refusal fails the test; the project's own kernels, planted bugs and controls run that way
 by default (they accept the whole contract, so a refusal from them is a bug).
 
 Nothing else is a refusal: another exception, a CUDA error, a crash, an error raised
