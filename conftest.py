@@ -17,11 +17,27 @@ from hypothesis.errors import InvalidArgument
 from properties import backend
 from properties.config import CONFIG, PROFILE_SIZES
 
+# Each suppressed health check with its reason; the others stay on.
+SUPPRESSED = {
+    # Kernels compile on their first call and the fp64 references run on the host: a
+    # slow example is the cost of the check, not a strategy drawing too much.
+    HealthCheck.too_slow: "first calls compile kernels; fp64 references are slow by design",
+    # Cases are descriptions (shapes, seeds), never bulk data; the few large ones are
+    # the multi-block sizes the suite exists to reach.
+    HealthCheck.data_too_large: "large shapes are drawn on purpose (rows past every block)",
+    # Refusals (properties/refusals.py) are rejected examples: a kernel with a narrow,
+    # undeclared domain must end in a pass on what it accepts, or a skip that names its
+    # refusals, not in a health-check error. What assume() and refusals discard is
+    # printed per test (over report.DISCARD_SHOWN) in the terminal table instead.
+    HealthCheck.filter_too_much: "refusals and assume() discards are counted and printed per test",
+    # test_check is one function parametrised over every (op, impl, dtype, check): its
+    # executor is the Target, which differs by design.
+    HealthCheck.differing_executors: "one parametrised test function runs every target",
+}
 _COMMON = dict(
     deadline=None,  # first calls compile kernels; time is not what is checked
     print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
-                           HealthCheck.differing_executors],
+    suppress_health_check=list(SUPPRESSED),
 )
 settings.register_profile("dev", max_examples=20, **_COMMON)
 # Sized for the Triton interpreter on a 2-core CPU: small shapes (CONFIG.size),
@@ -44,6 +60,10 @@ def pytest_addoption(parser):
     group.addoption("--max-examples", type=int, default=None,
                     help="examples per test, overriding the profile's (sizes still follow the profile)")
     group.addoption("--list-ops", action="store_true", help="print the contract table of every op and exit")
+    group.addoption("--refusals", choices=("auto", "discard", "fail"), default="auto",
+                    help="an implementation raising ValueError/TypeError/NotImplementedError on an input: discard "
+                         "the example (counted, shown), or fail; auto (default): fail for the project's own "
+                         "kernels, mutants and controls, discard for --impl implementations")
 
 
 def _is_worker(config) -> bool:
@@ -93,6 +113,7 @@ def pytest_configure(config):
     CONFIG.size = PROFILE_SIZES.get(profile, "small")
     CONFIG.report_dir = Path(config.getoption("--report-dir"))
     CONFIG.ops = tuple(config.getoption("--op")) or None
+    CONFIG.refusals = config.getoption("--refusals")
     try:
         from properties.strategies import FLOAT_DTYPES, dtype_from_name
         CONFIG.dtypes = tuple(dtype_from_name(d) for d in config.getoption("--dtype")) or None
@@ -111,7 +132,7 @@ def pytest_configure(config):
         if registry._user_impls and CONFIG.ops and not set(CONFIG.ops) & set(registry._user_impls):
             raise ValueError(f"--op {', '.join(CONFIG.ops)} selects none of the ops given with --impl "
                              f"({', '.join(sorted(registry._user_impls))}): nothing would run")
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:  # a bad --impl, or a kernel's declarations that do not validate
         raise pytest.UsageError(str(exc)) from None
     from properties import harness, report
     harness.set_collector(report.Collector())
@@ -159,10 +180,39 @@ def pytest_runtest_logreport(report):
 _cuda_broken_by: str | None = None
 
 
+def _refusals_of(item) -> tuple[str | None, dict[str, int]]:
+    from properties import harness
+    target = getattr(getattr(item, "callspec", None), "params", {}).get("target")
+    if target is None or harness._collector is None:
+        return None, {}
+    return target.id, harness._collector.refusals_of(target.id)
+
+
+def _account_refusals(item, call, report) -> None:
+    """A test whose every example was refused is skipped with the refusals (Hypothesis
+    ends it with Unsatisfiable: it found no example the implementation accepted); a
+    failure or a pass lists the refusals it saw beside it."""
+    from hypothesis.errors import Unsatisfiable
+
+    from properties.refusals import summarise
+    test_id, refused = _refusals_of(item)
+    if not refused:
+        return
+    text = f"{sum(refused.values())} example(s) refused by the implementation: {summarise(refused, limit=10)}"
+    if report.failed and call.excinfo is not None and call.excinfo.errisinstance(Unsatisfiable):
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: every example was refused: "
+                           f"{summarise(refused)}")
+        return
+    report.sections.append(("refusals", text))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     global _cuda_broken_by
     report = (yield).get_result()
+    if call.when == "call":
+        _account_refusals(item, call, report)
     if call.when == "call" and report.failed and _cuda_broken_by is None and backend.current() == "cuda":
         try:
             torch.cuda.synchronize()  # returns the sticky error if the context is broken
@@ -193,7 +243,7 @@ def pytest_sessionfinish(session, exitstatus):
     import triton
     meta = {"backend": state["backend"], "profile": state["profile"], "device": device,
             "torch": torch.__version__, "triton": triton.__version__}
-    data = report.build(CONFIG.report_dir, state["skipped"], meta)
+    data = report.build(CONFIG.report_dir, state["skipped"], meta, limits=_declared_limits())
     report.write(CONFIG.report_dir, data)
     state["report"] = data
     from properties import registry
@@ -201,6 +251,11 @@ def pytest_sessionfinish(session, exitstatus):
         # Every check of the user's implementation was skipped: nothing was verified.
         state["nothing_checked"] = True
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _declared_limits() -> dict[str, str]:
+    from properties import harness
+    return {f"{t.op.name}-{t.impl.name}": t.impl.limits.describe() for t in harness.targets() if t.impl.limits}
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -219,6 +274,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr.section("tolerance report")
     if state["report"]["outputs"]:
         tr.write_line(report.table(state["report"]))
+    discards = report.discard_table(state["report"])
+    if discards:
+        tr.write_line("")
+        tr.write_line(f"examples that did not count (refused, vacuous, or over {report.DISCARD_SHOWN:.0%} "
+                      "discarded by assume):")
+        tr.write_line(discards)
+    for name, text in sorted(state["report"].get("limits", {}).items()):
+        tr.write_line(f"declared limits of {name}: {text}")
     tr.write_line(f"full report: {CONFIG.report_dir / 'report.html'} (also .md, .json)")
     if state.get("nothing_checked"):
         tr.write_line("ERROR: no check could run on the implementation(s) given with --impl "

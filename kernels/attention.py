@@ -1,6 +1,6 @@
 """Flash attention (forward and backward) in Triton.
 
-Contract (shared/ops-contract.md)::
+Contract (docs/contract.md)::
 
     attention(q, k, v, causal=False, sm_scale=None) -> (o, lse)
 

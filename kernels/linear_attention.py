@@ -1,6 +1,6 @@
 """Triton kernels for linear attention and its ELU + 1 feature map.
 
-Math (see ``shared/ops-contract.md``):
+Math (see ``docs/contract.md``):
 
 * ``elu_feature_map(x) = elu(x) + 1 = max(x, 0) + exp(min(x, 0))``, elementwise.
   Computed in fp32 as ``x + 1`` where ``x > 0`` and ``exp(x)`` elsewhere, which is the

@@ -40,9 +40,10 @@ from properties import backend, tolerance
 from properties.config import CONFIG
 from properties.generic import generic_checks, precision, run, with_upstream
 from properties.generic import gradients_match_reference as _generic_gradients_match_reference
+from properties.limits import NO_LIMITS, Limits
 from properties.oracle import assert_close, assert_identical, to_numpy
 from properties.registry import Check, Implementation, OpSpec, register
-from properties.strategies import Case, Layout, TensorSpec, layouts, sizes, special_values, tensors
+from properties.strategies import Case, Layout, TensorSpec, layouts, special_values, tensors
 from references import attention as ref
 
 # The interpreter's blocks (16 x 16) and the GPU's (32 and 64): sizes around them.
@@ -110,22 +111,21 @@ def _late_max(draw, k: TensorSpec, cap: float) -> TensorSpec:
 
 @st.composite
 def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n: int = 1,
-                    min_bh: int = 1) -> Case:
+                    min_bh: int = 1, limits: Limits = NO_LIMITS) -> Case:
     """q [B, H, Nq, D], k and v [B, H, Nk, D]; causal forces Nq == Nk.
 
     ``causal`` None draws it; ``min_n`` and ``min_bh`` are for properties that need
     two keys (or rows) or two (batch, head) slices."""
-    if causal is None:
-        causal = draw(st.booleans())
+    causal = draw(limits.choice("causal", (False, True) if causal is None else (causal,)))
     n_max = CONFIG.pick(70, 2048)
-    n_q = draw(sizes(min_n, n_max, blocks=BLOCKS))
-    n_k = n_q if causal else draw(sizes(min_n, n_max, blocks=BLOCKS))
-    d = draw(st.sampled_from(CONFIG.pick(HEAD_DIMS_SMALL, HEAD_DIMS_LARGE)))
+    n_q = draw((limits.joined("Nq", "Nk") if causal else limits).size("Nq", min_n, n_max, blocks=BLOCKS))
+    n_k = n_q if causal else draw(limits.size("Nk", min_n, n_max, blocks=BLOCKS))
+    d = draw(limits.pick("D", CONFIG.pick(HEAD_DIMS_SMALL, HEAD_DIMS_LARGE)))
     work = CONFIG.pick(math.ceil(n_q / 16) * math.ceil(n_k / 16), n_q * n_k)
     max_bh = max(min_bh, CONFIG.pick(_TILE_BUDGET, _SCORE_BUDGET) // work)
-    b = draw(st.integers(1, min(3, max_bh)))
-    h = draw(st.integers(max(1, math.ceil(min_bh / b)), max(min(3, max_bh // b), math.ceil(min_bh / b))))
-    sm_scale = draw(st.sampled_from(SM_SCALES))
+    b = draw(limits.size("B", 1, min(3, max_bh)))
+    h = draw(limits.size("H", max(1, math.ceil(min_bh / b)), max(min(3, max_bh // b), math.ceil(min_bh / b))))
+    sm_scale = draw(limits.choice("sm_scale", SM_SCALES))
     scale = _resolved_scale(sm_scale, d)
     cap = qk_cap(dtype, d, scale)
     q = draw(_qkv((b, h, n_q, d), dtype, cap))
@@ -139,13 +139,13 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
 
 def _cases(**fixed):
     """A ``Check.cases`` function drawing attention cases with some structure fixed."""
-    return lambda op, dtype: attention_cases(dtype, **fixed)
+    return lambda op, dtype: op.cases(dtype, **fixed)
 
 
 def _upstream(**fixed):
     """``with_upstream`` on attention cases with some structure fixed."""
     def make(op, dtype):
-        return with_upstream(dataclasses.replace(op, cases=lambda dt: attention_cases(dt, **fixed)), dtype)
+        return with_upstream(dataclasses.replace(op, cases=lambda dt: op.cases(dt, **fixed)), dtype)
     return make
 
 
@@ -388,6 +388,12 @@ _checks = tuple(dataclasses.replace(c, run=gradients_match_reference) if c.name 
 register(OpSpec(
     name="attention",
     signature="attention(q, k, v, causal=False, sm_scale=None) -> (o, lse)",
+    meaning="`q [B, H, Nq, D]`, `k`, `v` `[B, H, Nk, D]`; `sm_scale` defaults to `1/sqrt(D)`; "
+            "`o = softmax(q k^T * sm_scale [+ causal mask]) v`; `lse [B, H, Nq]` float32 is the natural-log "
+            "logsumexp of the scaled, masked scores of each row. Causal requires `Nq == Nk` and masks key `j > i`.",
+    scalars=("causal", "sm_scale"),
+    dims={"B": ("q", 0), "H": ("q", 1), "Nq": ("q", 2), "Nk": ("k", 2), "D": ("q", 3)},
+    choices={"causal": (False, True), "sm_scale": SM_SCALES},
     arguments=("q", "k", "v", "causal", "sm_scale"),
     outputs=("o", "lse"),
     kernel="kernels.attention:attention",

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from properties import tolerance
 from properties.config import CONFIG
 from properties.generic import UPSTREAM_FAMILIES, generic_checks, precision, run
+from properties.limits import NO_LIMITS, Limits
 from properties.oracle import assert_close, to_numpy
 from properties.registry import Check, Implementation, OpSpec, register
 from properties.strategies import Case, Layout, TensorSpec, layouts, sizes, special_values, tensors
@@ -39,7 +40,7 @@ def _bshd(draw, base: Layout) -> Layout:
 
 
 @st.composite
-def rope_cases(draw, dtype: torch.dtype) -> Case:
+def rope_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
     """x [B, H, S, D] with D even (pairs past one pair block included), tables
     [S, D/2] of real angles in x's dtype or another float dtype (fp32 tables with
     low-precision x are what models use).
@@ -48,11 +49,11 @@ def rope_cases(draw, dtype: torch.dtype) -> Case:
     to sqrt(2) max|x| (x_2i c - x_2i+1 s with c = -s = 1/sqrt 2), which must not
     overflow the dtype. x holds no inf or NaN (the contract does not define them).
     """
-    half = draw(sizes(1, CONFIG.pick(40, 256), blocks=ROPE_PAIR_BLOCKS))
+    half = draw(limits.halved("D").size("D", 1, CONFIG.pick(40, 256), blocks=ROPE_PAIR_BLOCKS))
     budget = CONFIG.pick(2**12, 2**20) // half  # B * H * S; x has 2 * half times as many elements
-    s = draw(sizes(1, max(1, min(CONFIG.pick(48, 8192), budget)), blocks=ROPE_ROW_TILES))
-    b = draw(sizes(1, max(1, min(CONFIG.pick(3, 8), budget // s))))
-    h = draw(sizes(1, max(1, min(CONFIG.pick(4, 64), budget // (s * b)))))
+    s = draw(limits.size("S", 1, max(1, min(CONFIG.pick(48, 8192), budget)), blocks=ROPE_ROW_TILES))
+    b = draw(limits.size("B", 1, max(1, min(CONFIG.pick(3, 8), budget // s))))
+    h = draw(limits.size("H", 1, max(1, min(CONFIG.pick(4, 64), budget // (s * b)))))
     shape = (b, h, s, 2 * half)
     cap = float(torch.finfo(dtype).max) / 2
     x = draw(tensors(shape, dtype, families=("normal", "near_max", "tiny", "constant", "outlier", "offset"),
@@ -101,6 +102,10 @@ def pair_norms_preserved(case: Case, impl: Implementation) -> None:
 register(OpSpec(
     name="rope",
     signature="rope(x, cos, sin) -> y",
+    meaning="`x [B, H, S, D]`, `D` even; `cos`, `sin` `[S, D // 2]`; interleaved pairs: "
+            "`y[..., 2i] = x[..., 2i] cos[s, i] - x[..., 2i+1] sin[s, i]`, "
+            "`y[..., 2i+1] = x[..., 2i] sin[s, i] + x[..., 2i+1] cos[s, i]`",
+    dims={"B": ("x", 0), "H": ("x", 1), "S": ("x", 2), "D": ("x", 3)},
     arguments=("x", "cos", "sin"),
     outputs=("y",),
     kernel="kernels.elementwise:rope",
@@ -139,12 +144,12 @@ def _swiglu_caps(dtype: torch.dtype) -> tuple[float, float]:
 
 
 @st.composite
-def swiglu_cases(draw, dtype: torch.dtype) -> Case:
+def swiglu_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
     """gate and up of one shape (rank 1 to 3, sizes past one program's block), each
     in any layout; large |gate| of both signs (sigmoid saturation), tiny, near the
     domain's limit (:func:`_swiglu_caps`). No inf or NaN (the contract does not
     define them: silu(-inf) is NaN)."""
-    n = draw(sizes(1, CONFIG.pick(600, 2**16), blocks=SWIGLU_BLOCKS))
+    n = draw(limits.size("N", 1, CONFIG.pick(600, 2**16), blocks=SWIGLU_BLOCKS))
     max_rows = max(1, min(CONFIG.pick(8, 4096), CONFIG.pick(2**12, 2**20) // n))
     lead = tuple(draw(st.lists(sizes(1, max_rows), max_size=2).filter(lambda d: math.prod(d) <= max_rows)))
     shape = lead + (n,)
@@ -186,6 +191,8 @@ def _swiglu_checks() -> tuple[Check, ...]:
 register(OpSpec(
     name="swiglu",
     signature="swiglu(gate, up) -> y",
+    meaning="`y = gate * sigmoid(gate) * up`, elementwise, same shapes",
+    dims={"N": ("gate", -1)},
     arguments=("gate", "up"),
     outputs=("y",),
     kernel="kernels.elementwise:swiglu",

@@ -7,6 +7,8 @@ error what a person needs: the case in words and the command that replays it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -14,14 +16,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import reject
 from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
 from hypothesis.vendor import pretty
 
-from properties import backend, registry
+from properties import backend, refusals, registry
 from properties.config import CONFIG
+from properties.limits import OutsideLimits
 from properties.oracle import recording
 from properties.poisoning import poisoned_allocations
+from properties.refusals import Refusal
 from properties.registry import Check, Implementation, NotApplicable, OpSpec
 from properties.strategies import Case
 
@@ -53,9 +58,20 @@ class Target:
         return f"{self.op.name}-{self.impl.name}-{dtype_name(self.dtype)}-{self.check.name}"
 
     def strategy(self) -> st.SearchStrategy[Case]:
-        if self.check.cases is not None:
-            return self.check.cases(self.op, self.dtype)
-        return self.op.cases(self.dtype)
+        """The check's cases, drawn inside the implementation's declared limits: the
+        op's strategy takes them as a parameter (sizes, scalar choices), and dtype and
+        layout limits map each drawn case (properties/limits.py)."""
+        limits = self.impl.limits
+        op = dataclasses.replace(self.op, cases=functools.partial(self.op.cases, limits=limits)) if limits else self.op
+        cases = self.check.cases(op, self.dtype) if self.check.cases is not None else op.cases(self.dtype)
+        return cases.map(limits.fit) if limits else cases
+
+    def draw(self, data) -> Case:
+        """A case from ``data``; a check that needs cases the declared limits exclude is skipped."""
+        try:
+            return data.draw(self.strategy(), label="case")
+        except OutsideLimits as exc:
+            pytest.skip(f"{self.impl.name}'s declared limits exclude the cases this check needs: {exc}")
 
     def skip_reason(self) -> str | None:
         limit = backend.limit_for(self.op.name, self.dtype, self.impl.fn)
@@ -70,7 +86,7 @@ class Target:
 
     def run(self, case: Case) -> None:
         sink = _collector.sink(self, case) if _collector is not None and self.check.name in RECORDED_CHECKS else None
-        invalid = False
+        invalid = refused = False
         try:
             with poisoned_allocations(), (recording(sink) if sink is not None else contextlib.nullcontext()):
                 self.check.run(case, self.impl)
@@ -79,6 +95,18 @@ class Target:
         except UnsatisfiedAssumption:
             invalid = True
             raise  # Hypothesis discards the example: not a failure, nothing to save
+        except Refusal as exc:
+            if refusals.refusals_fail(self.impl.kind, CONFIG.refusals):
+                path = save_failure(self, case)
+                raise AssertionError(
+                    f"{self.impl.name} refused the input: {exc.message}\n({self.impl.kind} implementations must "
+                    f"accept the whole contract; --refusals={CONFIG.refusals})\n{self.check.name} on:\n"
+                    f"{case.describe()}\nreplay: python -m properties.replay {path}") from None
+            refused = True
+            if _collector is not None:
+                _collector.refuse(self, exc.message)
+                self._skip_if_all_refused()
+            reject()  # discarded: Hypothesis draws another example in its place
         except Exception as exc:
             path = save_failure(self, case)
             note = (f"\n{self.check.name} failed for {self.impl.name} on:\n{case.describe()}\n"
@@ -90,7 +118,18 @@ class Target:
             raise
         finally:
             if _collector is not None:
-                _collector.count(self, invalid)
+                _collector.count(self, invalid, refused)
+
+
+    def _skip_if_all_refused(self) -> None:
+        """Hypothesis would draw hundreds of cases before giving up on an implementation
+        that refuses them all (each after the fp64 reference, for gradient checks): a
+        test with ALL_REFUSED_AFTER refusals and no accepted example is skipped with them."""
+        refused = _collector.refusals_of(self.id)
+        n = sum(refused.values())
+        # this example is refused but not yet counted (``count`` runs in run's ``finally``)
+        if n >= refusals.ALL_REFUSED_AFTER and _collector.examples[self.id] + 1 == n + _collector.invalid[self.id]:
+            pytest.skip(f"every example was refused ({n} drawn): {refusals.summarise(refused)}")
 
 
 # Hypothesis's "Failing test case: test_check(target=...)" would print the whole registry
@@ -189,7 +228,7 @@ def params(items: list[Target]) -> list:
         reason = t.skip_reason()
         if reason:
             marks.append(pytest.mark.skip(reason=reason))
-        elif t.check.name in t.impl.expected_failures:
-            marks.append(pytest.mark.xfail(reason=t.impl.expected_failures[t.check.name], strict=True))
+        elif (expected := t.impl.expected_failure(t.check.name, t.dtype)) is not None:
+            marks.append(pytest.mark.xfail(reason=expected.reason, strict=expected.strict))
         out.append(pytest.param(t, id=t.id, marks=marks))
     return out

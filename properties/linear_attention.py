@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 from properties import backend, generic, tolerance
 from properties.config import CONFIG
 from properties.generic import generic_checks, precision, run
+from properties.limits import NO_LIMITS, Limits
 from properties.oracle import assert_close, assert_identical, to_numpy
 from properties.registry import OPS, Check, Implementation, OpSpec, register
 from properties.strategies import FAMILIES, Case, Layout, TensorSpec, layouts, sizes, special_values, tensors
@@ -56,12 +57,12 @@ def _elu_specials(dtype: torch.dtype) -> list[float]:
 
 
 @st.composite
-def elu_feature_map_cases(draw, dtype: torch.dtype) -> Case:
+def elu_feature_map_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
     """x of rank 1 to 4, any layout, every value family (near the max, tiny, -inf
     masks, ...) and injected specials: the contract defines y everywhere
     (elu(-inf) + 1 = 0, elu(inf) + 1 = inf, NaN stays NaN)."""
     budget = CONFIG.pick(4096, 2**20)
-    last = draw(sizes(1, budget, blocks=(ELU_BLOCK,)))
+    last = draw(limits.size("N", 1, budget, blocks=(ELU_BLOCK,)))
     rank = draw(st.integers(1, 4))
     lead = tuple(draw(st.lists(sizes(1, max(1, min(64, budget // last))), min_size=rank - 1, max_size=rank - 1)
                       .filter(lambda d: math.prod(d) * last <= budget)))
@@ -116,6 +117,8 @@ def feature_map_positive_finite(case: Case, impl: Implementation) -> None:
 register(OpSpec(
     name="elu_feature_map",
     signature="elu_feature_map(x) -> y",
+    meaning="`y = elu(x) + 1 = max(x, 0) + exp(min(x, 0))`",
+    dims={"N": ("x", -1)},
     arguments=("x",),
     outputs=("y",),
     kernel="kernels.linear_attention:elu_feature_map",
@@ -205,18 +208,19 @@ class FeatureCase(Case):
 
 
 @st.composite
-def linear_attention_cases(draw, dtype: torch.dtype) -> Case:
+def linear_attention_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
     """B, H small; N around the chunk sizes; D, Dv from 1 to 128 (16 and 32 often);
     the [B, N, H, D] transposed layout common; q, k non-negative features over many
     orders of magnitude; v signed; eps 1e-6 or 1e-3; causal or not."""
-    n = draw(sizes(1, CONFIG.pick(130, 4096), blocks=CHUNKS))
-    head = st.one_of(st.sampled_from((16, 32)), sizes(1, CONFIG.pick(64, 128), blocks=(16, 32, 64)))
-    d, dv = draw(head), draw(head)
+    n = draw(limits.size("N", 1, CONFIG.pick(130, 4096), blocks=CHUNKS))
+    d, dv = (draw(st.one_of(st.sampled_from((16, 32)), sizes(1, CONFIG.pick(64, 128), blocks=(16, 32, 64)))
+                  if not limits.bounds(dim) else limits.size(dim, 1, CONFIG.pick(64, 128), blocks=(16, 32, 64)))
+             for dim in ("D", "Dv"))
     # the fp64 reference holds [B, H, N, D, Dv] for causal: bound B H N D Dv
     budget = CONFIG.pick(2**19, 2**24) // (n * d * dv)
-    b = draw(st.integers(1, max(1, min(2, budget))))
-    h = draw(st.integers(1, max(1, min(CONFIG.pick(2, 8), budget // b))))
-    causal = draw(st.booleans())
+    b = draw(limits.size("B", 1, max(1, min(2, budget))))
+    h = draw(limits.size("H", 1, max(1, min(CONFIG.pick(2, 8), budget // b))))
+    causal = draw(limits.choice("causal", (False, True)))
     eps = draw(st.sampled_from(EPSILONS))
     shared = draw(st.one_of(st.just(HEADS_SWAPPED), st.none()))  # one layout for q, k, v, or each its own
     specs = {}
@@ -335,6 +339,12 @@ def la_tolerance(case, inputs64, expected, p):
 register(OpSpec(
     name="linear_attention",
     signature="linear_attention(q, k, v, causal=False, eps=1e-6) -> o",
+    meaning="`q`, `k` `[B, H, N, D]` (feature-mapped, non-negative), `v [B, H, N, Dv]`; bidirectional: "
+            "`o_i = (q_i S) / (q_i . z + eps)` with `S = sum_j k_j v_j^T`, `z = sum_j k_j`; causal: the sums run over "
+            "`j <= i`",
+    scalars=("causal", "eps"),
+    dims={"B": ("q", 0), "H": ("q", 1), "N": ("q", 2), "D": ("q", 3), "Dv": ("v", 3)},
+    choices={"causal": (False, True)},
     arguments=("q", "k", "v", "causal", "eps"),
     outputs=("o",),
     kernel="kernels.linear_attention:linear_attention",

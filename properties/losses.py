@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 from properties import backend, tolerance
 from properties.config import CONFIG
 from properties.generic import generic_checks, precision, run, with_upstream
+from properties.limits import NO_LIMITS, Limits
 from properties.oracle import assert_close, assert_identical, to_numpy
 from properties.registry import Check, Implementation, OpSpec, register
-from properties.strategies import FAMILIES, Case, TensorSpec, sizes, special_values, tensors
+from properties.strategies import FAMILIES, Case, TensorSpec, special_values, tensors
 from references import losses as ref
 
 BLOCKS = (128, 4096)  # the kernel's column block caps (interpreter, GPU): V past them takes the online path
@@ -18,7 +19,7 @@ IGNORE_INDICES = (-100, 0, -1)  # the default; and values inside [0, V) / negati
 
 
 @st.composite
-def cross_entropy_cases(draw, dtype: torch.dtype) -> Case:
+def cross_entropy_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
     """Rows of logits of any vocabulary size (past one column block included), targets
     in [0, V), some rows set to ignore_index.
 
@@ -32,9 +33,9 @@ def cross_entropy_cases(draw, dtype: torch.dtype) -> Case:
     its relative accuracy (the rule's u |lse| terms) but the probabilities of the
     backward lose all digits (the gradient rule caps their error at [0, 1]).
     """
-    v = draw(sizes(1, CONFIG.pick(700, 2**17 + 3), blocks=BLOCKS))
+    v = draw(limits.size("V", 1, CONFIG.pick(700, 2**17 + 3), blocks=BLOCKS))
     max_rows = max(1, min(CONFIG.pick(8, 4096), CONFIG.pick(2**12, 2**20) // v))
-    m = draw(sizes(1, max_rows))
+    m = draw(limits.size("M", 1, max_rows))
     cap = min(float(torch.finfo(dtype).max), float(torch.finfo(torch.float32).max) / 4)
     # "offset" twice: a large common offset of either sign (logits all near -1e4 are
     # what masking with a large finite negative gives) is where an unstabilised
@@ -183,6 +184,10 @@ def shift_invariant(case: Case, impl: Implementation) -> None:
 register(OpSpec(
     name="cross_entropy",
     signature="cross_entropy(logits, target, ignore_index=-100) -> loss",
+    meaning="`logits [M, V]`, `target [M]` int64; `loss [M]` float32 `= logsumexp(logits[i]) - logits[i, target[i]]`, "
+            "and exactly 0 where `target[i] == ignore_index`",
+    scalars=("ignore_index",),
+    dims={"M": ("logits", 0), "V": ("logits", 1)},
     arguments=("logits", "target", "ignore_index"),
     outputs=("loss",),
     kernel="kernels.losses:cross_entropy",

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from properties import backend, tolerance
 from properties.config import CONFIG
 from properties.generic import generic_checks, gradients_match_reference, precision, run
+from properties.limits import NO_LIMITS, Limits
 from properties.oracle import assert_close, assert_identical, to_numpy
 from properties.registry import Check, Implementation, OpSpec, register
 from properties.strategies import Case, TensorSpec, sizes, special_values, tensors
@@ -49,13 +50,13 @@ def domain_cap(dtype: torch.dtype, n: int) -> float:
 
 
 @st.composite
-def _shape(draw, row_blocks: int) -> tuple[int, ...]:
+def _shape(draw, row_blocks: int, limits: Limits) -> tuple[int, ...]:
     """Rows of any length (past one column block included) under 0-2 leading dims.
 
     On the interpreter a call costs about (rows x column blocks of 64) programs-worth
     of work (the dropout kernel's Philox is the dearest), so the small profile bounds
     that product by ``row_blocks``: up to 12 rows of N <= 64, 2-3 rows of N ~ 300."""
-    n = draw(sizes(1, CONFIG.pick(300, 16384), blocks=BLOCKS))
+    n = draw(limits.size("N", 1, CONFIG.pick(300, 16384), blocks=BLOCKS))
     small_rows = max(1, row_blocks // -(-n // BLOCKS[0]))
     max_rows = max(1, min(CONFIG.pick(min(12, small_rows), 4096), CONFIG.pick(2**12, 2**21) // n))
     lead = tuple(draw(st.lists(sizes(1, max_rows), max_size=2).filter(lambda d: math.prod(d) <= max_rows)))
@@ -71,9 +72,9 @@ def _affine(draw, n: int, dtype: torch.dtype) -> tuple[TensorSpec, TensorSpec]:
 
 
 @st.composite
-def layer_norm_cases(draw, dtype: torch.dtype) -> Case:
+def layer_norm_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
     """x [..., N] in any layout and value family of the domain; strided weight/bias."""
-    shape = draw(_shape(LN_ROW_BLOCKS))
+    shape = draw(_shape(LN_ROW_BLOCKS, limits))
     n = shape[-1]
     cap = domain_cap(dtype, n)
     x = draw(tensors(shape, dtype, families=X_FAMILIES, max_magnitude=cap,
@@ -85,9 +86,9 @@ def layer_norm_cases(draw, dtype: torch.dtype) -> Case:
 
 
 @st.composite
-def dropout_residual_layer_norm_cases(draw, dtype: torch.dtype) -> Case:
+def dropout_residual_layer_norm_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
     """x and residual [..., N] in any layouts and value families of the domain, p, seed."""
-    shape = draw(_shape(DROPOUT_ROW_BLOCKS))
+    shape = draw(_shape(DROPOUT_ROW_BLOCKS, limits))
     n = shape[-1]
     p = draw(st.sampled_from(DROP_PS))
     cap = domain_cap(dtype, n)
@@ -406,6 +407,10 @@ def seed_reproducible(case: Case, impl: Implementation) -> None:
 register(OpSpec(
     name="layer_norm",
     signature="layer_norm(x, weight, bias, eps=1e-5) -> y",
+    meaning="over the last dim; `x [..., N]`, `weight`, `bias` `[N]`; biased variance; "
+            "`y = (x - mean) / sqrt(var + eps) * weight + bias`",
+    scalars=("eps",),
+    dims={"N": ("x", -1)},
     arguments=("x", "weight", "bias", "eps"),
     outputs=("y",),
     kernel="kernels.norms:layer_norm",
@@ -429,6 +434,10 @@ register(OpSpec(
 register(OpSpec(
     name="dropout_residual_layer_norm",
     signature="dropout_residual_layer_norm(x, residual, weight, bias, p, seed, eps=1e-5) -> (y, keep)",
+    meaning="`h = where(keep, x / (1 - p), 0) + residual`, `y = layer_norm(h, weight, bias, eps)`; `keep` is the "
+            "bool keep-mask, shape of `x`; `0 <= p < 1`; the same `seed` gives the same `keep`",
+    scalars=("p", "seed", "eps"),
+    dims={"N": ("x", -1)},
     arguments=("x", "residual", "weight", "bias", "p", "seed", "eps"),
     outputs=("y", "keep"),
     kernel="kernels.norms:dropout_residual_layer_norm",

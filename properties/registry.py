@@ -22,10 +22,13 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
+from properties import declarations
+from properties.declarations import ExpectedFailure
+from properties.limits import Limits
 from properties.strategies import FLOAT_DTYPES, Case
 
-# Each family module registers its ops on import. The meta-tests check that every
-# op of shared/ops-contract.md ends up registered.
+# Each family module registers its ops on import; docs/contract.md is generated from
+# what they register.
 FAMILIES = ("softmax", "attention", "norms", "linear_attention", "losses", "elementwise")
 
 
@@ -61,7 +64,14 @@ class Check:
 
 @dataclass(frozen=True)
 class OpSpec:
-    """Everything the suite knows about one op of ``shared/ops-contract.md``."""
+    """Everything the suite knows about one op of the contract (``docs/contract.md``,
+    generated from these records).
+
+    ``meaning`` is the contract's sentence on shapes and semantics; ``scalars`` names the
+    arguments that are not tensors; ``dims`` names the sizes a kernel may declare limits
+    on, each as (tensor argument, axis); ``choices`` the scalar arguments whose values the
+    strategy draws from a set, with that set (a kernel may narrow it).
+    """
 
     name: str
     signature: str
@@ -79,10 +89,22 @@ class OpSpec:
     grad_tolerance: Callable[..., dict[str, np.ndarray]] | None = None
     output_shapes: Callable[[Case], dict[str, tuple[int, ...]]] | None = None  # for upstream gradients
     output_dtypes: Mapping[str, torch.dtype] = field(default_factory=dict)  # outputs not in the input dtype
+    meaning: str = ""
+    scalars: tuple[str, ...] = ()
+    dims: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    choices: Mapping[str, tuple] = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.name.isidentifier():
             raise ValueError(f"OpSpec name must be an identifier, got {self.name!r}")
+        if not set(self.scalars) <= set(self.arguments):
+            raise ValueError(f"OpSpec {self.name!r}: scalars {sorted(set(self.scalars) - set(self.arguments))} "
+                             "are not arguments")
+        for dim, (tensor, _axis) in self.dims.items():
+            if tensor not in self.tensor_arguments:
+                raise ValueError(f"OpSpec {self.name!r}: dim {dim!r} names {tensor!r}, not a tensor argument")
+        if not set(self.choices) <= set(self.scalars) or not all(self.choices.values()):
+            raise ValueError(f"OpSpec {self.name!r}: choices must map scalar arguments to non-empty value sets")
         names = [c.name for c in self.checks]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -98,6 +120,10 @@ class OpSpec:
                 raise ValueError(f"OpSpec {self.name!r}: grad_inputs {sorted(missing)} are not arguments")
         if not set(self.grad_outputs) <= set(self.outputs):
             raise ValueError(f"OpSpec {self.name!r}: grad_outputs must be among outputs {self.outputs}")
+
+    @property
+    def tensor_arguments(self) -> tuple[str, ...]:
+        return tuple(a for a in self.arguments if a not in self.scalars)
 
     def unpack(self, result) -> dict[str, torch.Tensor]:
         """Name the outputs an implementation returned, checking their number and type."""
@@ -133,8 +159,9 @@ class Implementation:
     kind: str = "kernel"  # kernel | user | mutant | control
     dtypes: tuple[torch.dtype, ...] | None = None  # None: every dtype of the op
     supports_backward: bool = True
-    expected_failures: Mapping[str, str] = field(default_factory=dict)  # check name -> reason
+    expected_failures: tuple[ExpectedFailure, ...] = ()
     target: str | None = None  # "module:function", for replay commands
+    limits: Limits = field(default_factory=Limits)
 
     def __post_init__(self):
         if not callable(self.fn):
@@ -145,14 +172,27 @@ class Implementation:
     @classmethod
     def of(cls, op: str, fn: Callable, name: str | None = None, kind: str = "user",
            target: str | None = None) -> "Implementation":
-        """Read what ``fn`` declares: ``fn.dtypes``, ``fn.supports_backward``,
-        ``fn.expected_failures`` (a dict of check name to reason)."""
-        dtypes = getattr(fn, "dtypes", None)
-        return cls(op=op, name=name or getattr(fn, "__name__", None) or getattr(fn, "name", "impl"), fn=fn,
-                   kind=kind, dtypes=tuple(dtypes) if dtypes is not None else None,
-                   supports_backward=bool(getattr(fn, "supports_backward", True)),
-                   expected_failures=dict(getattr(fn, "expected_failures", {}) or {}),
+        """Read and validate what ``fn`` declares (``properties/declarations.py`` lists the
+        attributes: ``dtypes``, ``supports_backward``, ``expected_failures``, ``limits``, ...)."""
+        load()
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r}; known ops: {', '.join(sorted(OPS))}")
+        spec = OPS[op]
+        name = name or getattr(fn, "__name__", None) or getattr(fn, "name", "impl")
+        owner = target or _target_of(fn) or name
+        declarations.check_attributes(fn, owner)
+        return cls(op=op, name=name, fn=fn, kind=kind,
+                   dtypes=declarations.dtypes(spec, getattr(fn, "dtypes", None), owner),
+                   supports_backward=getattr(fn, "supports_backward", True),
+                   expected_failures=declarations.expected_failures(spec, getattr(fn, "expected_failures", None),
+                                                                    owner),
+                   limits=Limits.parse(spec, getattr(fn, "limits", None), owner),
                    target=target or _target_of(fn))
+
+    def expected_failure(self, check: str, dtype: torch.dtype) -> ExpectedFailure | None:
+        """The declared expected failure of ``check`` in ``dtype`` on this run's backend."""
+        from properties import backend
+        return next((e for e in self.expected_failures if e.applies(check, dtype, backend.current())), None)
 
     def unsupported(self, dtype: torch.dtype) -> str | None:
         if self.dtypes is not None and dtype not in self.dtypes:

@@ -28,10 +28,17 @@ class Collector:
         self.rows: list[dict] = []
         self.examples: dict[str, int] = defaultdict(int)  # test id -> examples run
         self.invalid: dict[str, int] = defaultdict(int)  # test id -> of which discarded by assume
+        self.refused: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # id -> message -> n
 
-    def count(self, target, invalid: bool = False) -> None:
+    def count(self, target, invalid: bool = False, refused: bool = False) -> None:
         self.examples[target.id] += 1
         self.invalid[target.id] += int(invalid)
+
+    def refuse(self, target, message: str) -> None:
+        self.refused[target.id][message] += 1
+
+    def refusals_of(self, test_id: str) -> dict[str, int]:
+        return dict(self.refused.get(test_id, {}))
 
     def sink(self, target, case):
         from properties import backend
@@ -49,7 +56,7 @@ class Collector:
     def dump(self, folder: Path, name: str) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{name}.json").write_text(json.dumps({"rows": self.rows, "examples": self.examples,
-                                                           "invalid": self.invalid}))
+                                                           "invalid": self.invalid, "refused": self.refused}))
 
 
 def _finite(values):
@@ -84,6 +91,7 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 def merge(folder: Path) -> dict:
     rows, examples, invalid = [], defaultdict(int), defaultdict(int)
+    refused: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for part in sorted((folder / "parts").glob("*.json")):
         data = json.loads(part.read_text())
         rows.extend(data["rows"])
@@ -91,10 +99,14 @@ def merge(folder: Path) -> dict:
             examples[k] += v
         for k, v in data.get("invalid", {}).items():
             invalid[k] += v
-    return {"rows": rows, "examples": dict(examples), "invalid": dict(invalid)}
+        for k, messages in data.get("refused", {}).items():
+            for msg, n in messages.items():
+                refused[k][msg] += n
+    return {"rows": rows, "examples": dict(examples), "invalid": dict(invalid),
+            "refused": {k: dict(v) for k, v in refused.items()}}
 
 
-def build(folder: Path, skipped: list[dict], meta: dict) -> dict:
+def build(folder: Path, skipped: list[dict], meta: dict, limits: dict | None = None) -> dict:
     merged = merge(folder)
     return {
         "schema_version": SCHEMA_VERSION,
@@ -103,6 +115,9 @@ def build(folder: Path, skipped: list[dict], meta: dict) -> dict:
         "outputs": summarise(merged["rows"]),
         "examples_per_test": merged["examples"],
         "invalid_per_test": merged["invalid"],
+        "refusals_per_test": merged["refused"],
+        "limits": limits or {},
+        "vacuous_per_test": {},  # filled by the vacuity guard (oracle); kept so readers can rely on the key
         "skipped": skipped,
     }
 
@@ -126,13 +141,47 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+DISCARD_SHOWN = 0.10  # a test whose examples were discarded more often than this is listed
+
+
+def discard_rows(report: dict) -> list[dict]:
+    """Tests whose examples were refused, vacuous, or discarded (assume) more than
+    :data:`DISCARD_SHOWN` of the time: what a pass did not cover."""
+    from properties.refusals import summarise
+    ex, bad = report.get("examples_per_test", {}), report.get("invalid_per_test", {})
+    refused, vacuous = report.get("refusals_per_test", {}), report.get("vacuous_per_test", {})
+    rows = []
+    for test in sorted(set(ex) | set(refused)):
+        n, d = ex.get(test, 0), bad.get(test, 0)
+        r = sum(refused.get(test, {}).values())
+        v = vacuous.get(test, 0)
+        if r or v or (n and d / n > DISCARD_SHOWN):
+            rows.append({"test": test, "examples": n, "discarded": d, "refused": r, "vacuous": v,
+                         "messages": summarise(refused.get(test, {}), width=90) if r else ""})
+    return rows
+
+
+def discard_table(report: dict) -> str:
+    """Printed under the tolerance table: examples that did not count."""
+    rows = discard_rows(report)
+    if not rows:
+        return ""
+    head = f"{'test':<58} {'n':>5} {'assume':>7} {'refused':>8} {'vacuous':>8}  refusal messages"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['test'][:58]:<58} {r['examples']:>5} {r['discarded']:>7} {r['refused']:>8} "
+                     f"{r['vacuous']:>8}  {r['messages']}")
+    return "\n".join(lines)
+
+
 def _examples_line(report: dict) -> str:
     ex, bad = report.get("examples_per_test", {}), report.get("invalid_per_test", {})
     total, invalid = sum(ex.values()), sum(bad.values())
+    refused = sum(n for messages in report.get("refusals_per_test", {}).values() for n in messages.values())
     worst = sorted(((bad.get(t, 0) / n, t) for t, n in ex.items() if n), reverse=True)[:3]
     most = ", ".join(f"`{t}` {r:.0%}" for r, t in worst if r > 0) or "none"
     return (f"{total} examples over {len(ex)} tests, {invalid} discarded by the checks' preconditions "
-            f"(assume); the most discarded: {most}.")
+            f"(assume), {refused} refused by the implementation; the most discarded: {most}.")
 
 
 def markdown(report: dict) -> str:
@@ -147,6 +196,16 @@ def markdown(report: dict) -> str:
                      f"{_fmt(o['max_abs'])} | {_fmt(o['p99_abs'])} | {_fmt(o['max_rel'])} | "
                      f"{_fmt(o['max_ulp'], '.3g')} | {_fmt(o['max_headroom'], '.3f')} |")
     lines += ["", "## Examples run (Hypothesis)", "", _examples_line(report)]
+    rows = discard_rows(report)
+    if rows:
+        lines += ["", f"## Refusals, vacuous comparisons and discards (over {DISCARD_SHOWN:.0%})", "",
+                  "| test | examples | discarded (assume) | refused | vacuous | refusal messages |",
+                  "|---|---:|---:|---:|---:|---|"]
+        lines += [f"| `{r['test']}` | {r['examples']} | {r['discarded']} | {r['refused']} | {r['vacuous']} | "
+                  f"{r['messages']} |" for r in rows]
+    if report.get("limits"):
+        lines += ["", "## Declared limits", "", "| implementation | limits |", "|---|---|"]
+        lines += [f"| `{k}` | {v} |" for k, v in sorted(report["limits"].items())]
     if report["skipped"]:
         lines += ["", "## Skipped and expected failures", "", "| test | outcome | reason |", "|---|---|---|"]
         for s in report["skipped"]:
@@ -168,7 +227,10 @@ def html_page(report: dict) -> str:
     m = report["meta"]
     return _HTML.replace("{{TITLE}}", esc(f"Tolerance report: {m.get('backend')}, {m.get('device')}")) \
         .replace("{{META}}", esc(json.dumps(m))).replace("{{ROWS}}", rows).replace("{{DATA}}", data) \
-        .replace("{{EXAMPLES}}", esc(_examples_line(report)).replace("`", "")) \
+        .replace("{{EXAMPLES}}", esc(_examples_line(report)).replace("`", "")
+                 + (f"<pre>{esc(discard_table(report))}</pre>" if discard_rows(report) else "")
+                 + "".join(f"<p>limits of <code>{esc(k)}</code>: {esc(v)}</p>"
+                           for k, v in sorted(report.get("limits", {}).items()))) \
         .replace("{{SKIPPED}}", "".join(f"<li><code>{esc(s['test'])}</code> {esc(s['outcome'])}: {esc(s['reason'])}</li>"
                                         for s in report["skipped"]))
 
@@ -199,7 +261,7 @@ canvas{border:1px solid #ddd;margin:8px 16px 8px 0}.legend span{margin-right:14p
 <h2>Relative error against problem size, per dtype</h2><div id="scatter"></div>
 <h2>All outputs</h2><table><tr><th>op</th><th>impl</th><th>dtype</th><th>output</th><th>examples</th>
 <th>max abs</th><th>max rel</th><th>max ULP</th><th>headroom</th></tr>{{ROWS}}</table>
-<h2>Examples run (Hypothesis)</h2><p>{{EXAMPLES}}</p>
+<h2>Examples run (Hypothesis)</h2><div>{{EXAMPLES}}</div>
 <h2>Skipped and expected failures</h2><ul>{{SKIPPED}}</ul>
 <script>
 const data = {{DATA}};

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from properties import backend, tolerance
 from properties.config import CONFIG
 from properties.generic import generic_checks, precision, run
+from properties.limits import NO_LIMITS, Limits
 from properties.oracle import assert_close, assert_identical, to_numpy
 from properties.registry import Check, Implementation, OpSpec, register
 from properties.strategies import FAMILIES, Case, TensorSpec, sizes, special_values, tensors
@@ -25,12 +26,12 @@ def _domain_cap(dtype: torch.dtype, temperature: float) -> float:
 
 
 @st.composite
-def softmax_cases(draw, dtype: torch.dtype) -> Case:
+def softmax_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
     """Rows of any length (past one block included) under up to two leading dims."""
-    n = draw(sizes(1, CONFIG.pick(2100, 2**17 + 3), blocks=BLOCKS))
+    n = draw(limits.size("N", 1, CONFIG.pick(2100, 2**17 + 3), blocks=BLOCKS))
     max_rows = max(1, min(CONFIG.pick(12, 4096), CONFIG.pick(2**14, 2**20) // n))
     lead = tuple(draw(st.lists(sizes(1, max_rows), max_size=2).filter(lambda d: math.prod(d) <= max_rows)))
-    temperature = draw(st.sampled_from(TEMPERATURES))
+    temperature = draw(limits.choice("temperature", TEMPERATURES))
     # The domain: x / T finite in the input dtype. An input near the dtype's max
     # divided by T < 1 overflows in torch.softmax(x / t) and in any kernel that
     # forms x / T before subtracting the max, which the contract cannot mean.
@@ -199,6 +200,11 @@ def rows_independent(case: Case, impl: Implementation) -> None:
 register(OpSpec(
     name="softmax",
     signature="softmax(x, temperature=1.0) -> y",
+    meaning="softmax of `x / temperature` over the last dim; `x` is `[..., N]`, `temperature > 0`. A row that is "
+            "all `-inf` gives NaN (as `torch.softmax`); `-inf` entries in a row with a finite entry give exactly 0.",
+    scalars=("temperature",),
+    dims={"N": ("x", -1)},
+    choices={"temperature": TEMPERATURES},
     arguments=("x", "temperature"),
     outputs=("y",),
     kernel="kernels.softmax:softmax",

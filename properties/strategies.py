@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
+from properties import refusals
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # Value families, most benign first (Hypothesis shrinks a sampled_from toward the
@@ -365,7 +367,8 @@ class Case:
         return values
 
     def call(self, fn: Callable, values: Mapping[str, Any]):
-        return fn(*(values[a] for a in self.args), **self.kwargs)
+        """``fn`` on these values; a refusal (properties/refusals.py) comes out as ``Refusal``."""
+        return refusals.call(fn, [values[a] for a in self.args], dict(self.kwargs))
 
     def describe(self) -> str:
         scalars = ", ".join(f"{k}={v!r}" for k, v in {**self.params, **self.kwargs}.items())

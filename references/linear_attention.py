@@ -1,7 +1,7 @@
 """fp64 references for linear attention and its ELU + 1 feature map.
 
 Written for reading, not speed (in the style of fla's ``naive.py``). Arrays are
-``np.ndarray`` float64; shapes follow ``shared/ops-contract.md``:
+``np.ndarray`` float64; shapes follow ``docs/contract.md``:
 ``q, k [B, H, N, D]`` (non-negative features), ``v [B, H, N, Dv]``, ``o [B, H, N, Dv]``.
 
 Three forms of the same attention, cross-checked by the tests:

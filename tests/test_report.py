@@ -112,3 +112,21 @@ def test_examples_and_discarded_examples_are_counted_per_test(report_dir, monkey
     assert data["examples_per_test"] == {discarding.id: 3} and data["invalid_per_test"] == {discarding.id: 3}
     assert not (report_dir / "failures").exists()  # a discarded example is not a failure
     assert "3 examples over 1 tests, 3 discarded" in report.markdown(data)
+
+
+def test_refusals_and_discards_reach_every_report(tmp_path):
+    collector = report.Collector()
+    target = _failing_target()
+    for i in range(10):
+        collector.count(target, invalid=i < 2)
+    collector.refuse(target, "ValueError: x: rows of 70000 elements")
+    collector.refuse(target, "ValueError: x: rows of 90001 elements")
+    collector.dump(tmp_path / "parts", "main")
+    data = report.build(tmp_path, [], {"backend": "interpret"}, limits={"softmax-k": "N <= 65536"})
+    assert data["refusals_per_test"][target.id] == {"ValueError: x: rows of 70000 elements": 1,
+                                                    "ValueError: x: rows of 90001 elements": 1}
+    table = report.discard_table(data)
+    assert target.id in table and "2x ValueError: x: rows of 70000 elements (and 1 variant(s))" in table
+    md = report.markdown(data)
+    assert "## Refusals, vacuous comparisons and discards" in md and "N <= 65536" in md
+    assert "rows of 70000" in report.html_page(data)

@@ -1,0 +1,138 @@
+"""What a kernel declares about itself, read from attributes of its function and
+validated: an unknown attribute that looks like a misspelt known one, or a value
+outside the allowed ones, is an error naming the attribute and what is allowed
+(a declaration silently ignored would test the kernel against a promise it never
+made, or skip what it did promise).
+
+Expected failures are scoped by check, dtype and backend: a strict xfail applies
+only where the declaration says the check fails, and elsewhere the check runs and
+must pass (``{"deterministic": "atomics"}`` scoped to ``cuda`` does not make a CPU
+run, where the interpreter runs programs in order, fail with XPASS).
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+import torch
+
+if TYPE_CHECKING:
+    from properties.registry import OpSpec
+
+BACKEND_NAMES = ("cuda", "interpret")
+DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
+
+ATTRIBUTES = {
+    "dtypes": "a tuple of torch dtypes of the op (float32, float16, bfloat16); others are skipped",
+    "supports_backward": "True or False; False skips the gradient checks",
+    "expected_failures": "a dict of check name (or (check, dtype or backend, ...)) to reason, or a tuple of "
+                         "ExpectedFailure",
+    "fp32_dot_precision": f"one of {', '.join(repr(p) for p in DOT_PRECISIONS)}: the precision of fp32 tl.dot",
+    "bf16_dot_upcast": "True or False; True: bf16 is upcast before tl.dot (checked in bf16 on the interpreter)",
+    "uses_triton": "True or False; False: plain PyTorch, no interpreter limits apply",
+    "chunk_sizes": "a tuple of ints >= 1: the chunk_size keyword values the kernel accepts",
+    "limits": "a dict of declared limits (docs/contract.md, Declared limits)",
+}
+
+
+def _bool(owner: str, name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{owner}.{name} must be True or False, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ExpectedFailure:
+    """``check`` is expected to fail, for ``reason``, in ``dtypes`` (names; None: all)
+    on ``backends`` ("cuda", "interpret"; None: both). ``strict``: an unexpected pass
+    fails (XPASS strict); False for a failure that shows on some inputs only."""
+
+    check: str
+    reason: str
+    dtypes: tuple[str, ...] | None = None
+    backends: tuple[str, ...] | None = None
+    strict: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.reason, str) or not self.reason.strip():
+            raise ValueError(f"ExpectedFailure({self.check!r}): reason must be a non-empty string")
+        if self.backends is not None and not set(self.backends) <= set(BACKEND_NAMES):
+            raise ValueError(f"ExpectedFailure({self.check!r}): backends {self.backends} not among {BACKEND_NAMES}")
+
+    def applies(self, check: str, dtype: torch.dtype, backend: str) -> bool:
+        name = str(dtype).replace("torch.", "")
+        return (check == self.check and (self.dtypes is None or name in self.dtypes)
+                and (self.backends is None or backend in self.backends))
+
+    def describe(self) -> str:
+        scope = [*(self.dtypes or ()), *(self.backends or ())]
+        return f"{self.check}" + (f" ({', '.join(scope)})" if scope else "")
+
+
+def expected_failures(op: "OpSpec", declared: Any, owner: str) -> tuple[ExpectedFailure, ...]:
+    """Parse ``fn.expected_failures``; every check, dtype and backend named must exist."""
+    where = f"{owner}.expected_failures"
+    if declared is None:
+        return ()
+    items: list[ExpectedFailure] = []
+    if isinstance(declared, Mapping):
+        for key, reason in declared.items():
+            check, *scope = key if isinstance(key, tuple) else (key,)
+            dtypes = tuple(s for s in scope if s not in BACKEND_NAMES)
+            backends = tuple(s for s in scope if s in BACKEND_NAMES)
+            items.append(ExpectedFailure(check, reason, dtypes or None, backends or None))
+    elif isinstance(declared, (tuple, list)) and all(isinstance(e, ExpectedFailure) for e in declared):
+        items = list(declared)
+    else:
+        raise TypeError(f"{where} must be {ATTRIBUTES['expected_failures']}, got {declared!r}")
+    checks = [c.name for c in op.checks]
+    dtypes = [str(d).replace("torch.", "") for d in op.dtypes]
+    for e in items:
+        if e.check not in checks:
+            close = difflib.get_close_matches(str(e.check), checks, n=1)
+            raise ValueError(f"{where}: {op.name} has no check {e.check!r}"
+                             + (f"; did you mean {close[0]!r}?" if close else f"; its checks: {', '.join(checks)}"))
+        bad = [d for d in (e.dtypes or ()) if d not in dtypes]
+        if bad:
+            raise ValueError(f"{where}[{e.check!r}]: {bad} are neither dtypes of {op.name} ({', '.join(dtypes)}) "
+                             f"nor backends ({', '.join(BACKEND_NAMES)})")
+    return tuple(items)
+
+
+def dtypes(op: "OpSpec", declared: Any, owner: str) -> tuple[torch.dtype, ...] | None:
+    if declared is None:
+        return None
+    items = tuple(declared) if isinstance(declared, (tuple, list, set, frozenset)) else None
+    if not items or not all(isinstance(d, torch.dtype) for d in items):
+        raise TypeError(f"{owner}.dtypes must be {ATTRIBUTES['dtypes']}, got {declared!r}")
+    foreign = [d for d in items if d not in op.dtypes]
+    if foreign:
+        raise ValueError(f"{owner}.dtypes: {foreign} are not dtypes of {op.name}: "
+                         f"{', '.join(str(d).replace('torch.', '') for d in op.dtypes)}")
+    return items
+
+
+def check_attributes(fn: Callable, owner: str) -> None:
+    """Validate every known attribute's value, and reject an attribute whose name is a
+    near miss of a known one (``supports_backwards``, ``dtype``). The cutoff 0.88 of
+    difflib's ratio catches a dropped or added letter in any of these names (ratios
+    0.9-0.97) and lets a kernel's own different attributes be (the project's
+    ``dot_precisions`` beside ``fp32_dot_precision`` scores 0.81)."""
+    for name in getattr(fn, "__dict__", {}):
+        if name.startswith("_") or name in ATTRIBUTES:
+            continue
+        close = difflib.get_close_matches(name, list(ATTRIBUTES), n=1, cutoff=0.88)
+        if close:
+            raise ValueError(f"{owner} has an attribute {name!r}, which the suite does not read; did you mean "
+                             f"{close[0]!r} ({ATTRIBUTES[close[0]]})?")
+    for name in ("supports_backward", "bf16_dot_upcast", "uses_triton"):
+        if hasattr(fn, name):
+            _bool(owner, name, getattr(fn, name))
+    precision = getattr(fn, "fp32_dot_precision", None)
+    if precision is not None and precision not in DOT_PRECISIONS:
+        raise ValueError(f"{owner}.fp32_dot_precision must be {ATTRIBUTES['fp32_dot_precision']}, got {precision!r}")
+    chunks = getattr(fn, "chunk_sizes", None)
+    if chunks is not None and (not isinstance(chunks, (tuple, list)) or not chunks or not all(
+            isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in chunks)):
+        raise ValueError(f"{owner}.chunk_sizes must be {ATTRIBUTES['chunk_sizes']}, got {chunks!r}")

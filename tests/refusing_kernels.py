@@ -1,0 +1,94 @@
+"""Kernels that refuse part of the contract's domain, as real libraries' kernels do.
+
+Each wraps a correct implementation (the project's kernel) or a planted bug (a
+mutant) behind the refusal a real wrapper makes: rows longer than a block limit,
+non-contiguous input, float32, head dims outside {16, 32, 64, 128}, causal=False,
+cos/sin in another dtype than x. The ``*_declared`` twins declare the same limits
+with ``fn.limits``. tests/test_refusals.py runs the suite on them with ``--impl``.
+"""
+import torch
+
+from kernels.attention import attention as _attention
+from kernels.elementwise import rope as _rope
+from kernels.softmax import softmax as _softmax
+from mutants.softmax import padded_lanes_zero as _padded_lanes_zero
+
+ROW_LIMIT = 64
+HEAD_DIMS = (16, 32, 64, 128)
+
+
+def _short_rows(fn, x, temperature):
+    if x.shape[-1] > ROW_LIMIT:
+        raise ValueError(f"x: rows of {x.shape[-1]} elements; this kernel takes at most {ROW_LIMIT}")
+    return fn(x, temperature)
+
+
+def softmax_short_rows(x, temperature=1.0):
+    return _short_rows(_softmax, x, temperature)
+
+
+def softmax_short_rows_declared(x, temperature=1.0):
+    return _short_rows(_softmax, x, temperature)
+
+
+softmax_short_rows_declared.limits = {"max_size": {"N": ROW_LIMIT}}
+
+
+def softmax_contiguous_only(x, temperature=1.0):
+    if not x.is_contiguous() or x.storage_offset():
+        raise ValueError(f"x must be contiguous with no storage offset, got strides {x.stride()}")
+    return _softmax(x, temperature)
+
+
+def softmax_contiguous_only_declared(x, temperature=1.0):
+    return softmax_contiguous_only(x, temperature)
+
+
+softmax_contiguous_only_declared.limits = {"contiguous": True}
+
+
+def softmax_no_float32(x, temperature=1.0):
+    if x.dtype == torch.float32:
+        raise TypeError("x: float32 is not supported (float16 and bfloat16 only)")
+    return _softmax(x, temperature)
+
+
+def mutant_short_rows(x, temperature=1.0):
+    """A planted bug (padded lanes loaded as 0, not -inf) behind the row limit: the
+    refusals must not hide it inside the accepted domain."""
+    return _short_rows(_padded_lanes_zero.fn, x, temperature)
+
+
+def mutant_short_rows_declared(x, temperature=1.0):
+    return _short_rows(_padded_lanes_zero.fn, x, temperature)
+
+
+mutant_short_rows_declared.limits = {"max_size": {"N": ROW_LIMIT}}
+
+
+def attention_narrow(q, k, v, causal=False, sm_scale=None):
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"q: head dim {q.shape[-1]} is not one of {HEAD_DIMS}")
+    if not causal:
+        raise NotImplementedError("causal=False is not implemented")
+    return _attention(q, k, v, causal, sm_scale)
+
+
+def attention_narrow_declared(q, k, v, causal=False, sm_scale=None):
+    return attention_narrow(q, k, v, causal, sm_scale)
+
+
+attention_narrow_declared.limits = {"sizes": {"D": HEAD_DIMS}, "values": {"causal": (True,)}}
+
+
+def rope_same_dtype(x, cos, sin):
+    if cos.dtype != x.dtype or sin.dtype != x.dtype:
+        raise TypeError(f"cos/sin must have x's dtype {x.dtype}, got {cos.dtype} and {sin.dtype}")
+    return _rope(x, cos, sin)
+
+
+def rope_same_dtype_declared(x, cos, sin):
+    return rope_same_dtype(x, cos, sin)
+
+
+rope_same_dtype_declared.limits = {"same_dtype": ("cos", "sin")}

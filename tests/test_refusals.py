@@ -1,0 +1,109 @@
+"""Refusals and declared limits, end to end: correct kernels that refuse part of the
+domain pass (with and without declaring it), and the same refusals in front of a
+planted bug inside the accepted domain still fail.
+
+Each run is the suite itself (``tests/test_checks.py --impl ...``) in a child
+pytest, narrowed to one op, one dtype and few examples; several implementations of
+one op share a run. The outcome of every test is read from its JUnit XML, and the
+refusal counts from its report.json.
+"""
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from properties import backend
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULE = "tests.refusing_kernels"
+
+pytestmark = pytest.mark.skipif(backend.current() == "cuda", reason="runs the suite on the interpreter in a child")
+
+
+def run_suite(tmp_path: Path, op: str, impls: list[str], dtypes: list[str], *extra: str, examples: int = 6):
+    """Outcomes by test id ('passed', 'failed', 'skipped: <reason>') and the report."""
+    xml = tmp_path / f"{op}.xml"
+    cmd = [sys.executable, "-m", "pytest", "tests/test_checks.py", "-q", "-p", "no:randomly", "-p", "no:xdist",
+           "--op", op, "--max-examples", str(examples), "--report-dir", str(tmp_path / "reports"),
+           f"--junitxml={xml}", *extra]
+    for impl in impls:
+        cmd += ["--impl", f"{op}={MODULE}:{impl}"]
+    for dtype in dtypes:
+        cmd += ["--dtype", dtype]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    outcomes = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        test_id = case.get("name").partition("[")[2].rstrip("]")
+        failed, skipped = case.find("failure"), case.find("skipped")
+        outcomes[test_id] = ("failed" if failed is not None or case.find("error") is not None else
+                             f"skipped: {skipped.get('message')}" if skipped is not None else "passed")
+    report = json.loads((tmp_path / "reports" / "report.json").read_text())
+    return outcomes, report, proc.stdout
+
+
+def _outcome(outcomes: dict, impl: str, check: str) -> str:
+    found = [v for k, v in outcomes.items() if k.split("-")[1] == impl and k.endswith(f"-{check}")]
+    assert found, f"no test of {impl} {check} in {sorted(outcomes)}"
+    return found[0]
+
+
+def _refused(report: dict, impl: str) -> int:
+    return sum(n for test, msgs in report["refusals_per_test"].items() if test.split("-")[1] == impl
+               for n in msgs.values())
+
+
+def test_softmax_refusals(tmp_path):
+    """Rows past 64, non-contiguous input, float32: correct kernels pass with and without
+    declaring it (undeclared, the refusals show in the report); a kernel refusing every
+    example is skipped, not passed; a planted bug behind the refusals still fails."""
+    impls = ["softmax_short_rows", "softmax_short_rows_declared", "softmax_contiguous_only",
+             "softmax_contiguous_only_declared", "softmax_no_float32", "mutant_short_rows",
+             "mutant_short_rows_declared"]
+    outcomes, report, out = run_suite(tmp_path, "softmax", impls, ["float32"],
+                                      "-k", "matches_reference or inputs_unchanged or rows_sum_to_one")
+    for impl in impls[:4]:
+        for check in ("matches_reference", "inputs_unchanged", "rows_sum_to_one"):
+            assert _outcome(outcomes, impl, check) == "passed", f"{impl} {check}\n{out[-3000:]}"
+        if impl.endswith("_declared"):
+            assert _refused(report, impl) == 0, "declared limits steer generation: nothing left to refuse"
+            assert any(impl in k for k in report["limits"]), report["limits"]
+        else:
+            assert _refused(report, impl) > 0, "the undeclared limit must show as refusals in the report"
+    assert "examples that did not count" in out
+    verdict = _outcome(outcomes, "softmax_no_float32", "matches_reference")
+    assert verdict.startswith("skipped: every example was refused"), verdict
+    assert "float32 is not supported" in verdict
+    for impl in ("mutant_short_rows", "mutant_short_rows_declared"):
+        assert _outcome(outcomes, impl, "matches_reference") == "failed", out[-3000:]
+
+
+def test_refusals_fail_option(tmp_path):
+    outcomes, _, out = run_suite(tmp_path, "softmax", ["softmax_short_rows"], ["float32"], "--refusals=fail",
+                                 "-k", "matches_reference")
+    assert _outcome(outcomes, "softmax_short_rows", "matches_reference") == "failed", out[-3000:]
+    assert "refused the input: ValueError: x: rows of" in out
+
+
+def test_attention_head_dims_and_causal_only(tmp_path):
+    outcomes, report, out = run_suite(tmp_path, "attention", ["attention_narrow", "attention_narrow_declared"],
+                                      ["float32"], "-k", "matches_reference or split_kv_merge", examples=4)
+    assert _outcome(outcomes, "attention_narrow_declared", "matches_reference") == "passed", out[-3000:]
+    assert _refused(report, "attention_narrow_declared") == 0
+    # split_kv_merge needs causal=False, which the declared limits exclude: skipped with that reason
+    assert "declared limits exclude" in _outcome(outcomes, "attention_narrow_declared", "split_kv_merge")
+    # undeclared: what it accepts passes, or (every drawn case refused) it is skipped, never failed
+    undeclared = _outcome(outcomes, "attention_narrow", "matches_reference")
+    assert undeclared == "passed" or undeclared.startswith("skipped: every example was refused"), undeclared
+    assert _outcome(outcomes, "attention_narrow", "split_kv_merge").startswith("skipped: every example was refused")
+
+
+def test_rope_tables_in_x_dtype_only(tmp_path):
+    outcomes, report, out = run_suite(tmp_path, "rope", ["rope_same_dtype", "rope_same_dtype_declared"],
+                                      ["float16"], "-k", "matches_reference")
+    for impl in ("rope_same_dtype", "rope_same_dtype_declared"):
+        assert _outcome(outcomes, impl, "matches_reference") == "passed", out[-3000:]
+    assert _refused(report, "rope_same_dtype_declared") == 0
+    assert _refused(report, "rope_same_dtype") > 0
