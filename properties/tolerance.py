@@ -264,6 +264,18 @@ def cross_entropy_grad(logits: np.ndarray, target: np.ndarray, ignore_index: int
     p - onehot rounds (u |g|), the product with dloss rounds (u |dx|), and the result
     is stored in the logits' dtype (store |dx|, one rounding into its subnormals:
     floor). Ignored rows must be exactly 0.
+
+    Fused kernels (Liger-Kernel's) compute g = p - onehot in the forward and keep it
+    in the logits' dtype; the backward only scales it by dloss: g rounds once in
+    that dtype (store |g| relative, |dx| = dl |g|; into its subnormals, one floor
+    scaled by dl), and the scaled result once more (store |dx|). The old rule allowed
+    the logits' dtype one rounding only, so such a correct kernel failed at 0.76 ulp
+    of float16 (1.05x). PyTorch's own path (``F.cross_entropy`` on float16 or bfloat16
+    logits) keeps log p = (z - m) - log s in the logits' dtype for its backward instead,
+    with log s itself rounded to that dtype on CPU (an fp16 log p off by 0.76 of its
+    ulp was seen): two roundings of |z - lse|, an absolute error 2 store |z - lse| in
+    the exponent, which for small p is 2 store |log p| relative (p = 0.0019 in
+    float16: 6.1 u of dx), a strategy the old rule missed.
     """
     target = np.asarray(target).astype(np.int64)
     finite, _, _, lse, _, _ = _cross_entropy_parts(logits)
@@ -275,12 +287,14 @@ def cross_entropy_grad(logits: np.ndarray, target: np.ndarray, ignore_index: int
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         arg = np.where(finite, logits - lse[:, None], -np.inf)
         e = (cross_entropy_lse_error(logits, p)[:, None]
-             + SAFETY * u * (2 * np.abs(np.where(finite, arg, 0.0)) + EXP_ULPS))
+             + SAFETY * u * (2 * np.abs(np.where(finite, arg, 0.0)) + EXP_ULPS)
+             + 2 * p.store * np.abs(np.where(finite, arg, 0.0)))  # log p kept in the logits' dtype
         p_err = np.minimum(1.0, np.exp(arg + e)) * -np.expm1(-e)
         g = np.exp(arg) - onehot
     dl = np.abs(np.asarray(dloss, dtype=np.float64))[:, None]
     dx = np.where(np.isfinite(dlogits), np.abs(dlogits), 0.0)
-    allowed = dl * (p_err + SAFETY * u * np.abs(g)) + SAFETY * u * dx + p.store * dx + p.floor
+    stored_g = p.store * np.abs(g) + p.floor  # the gradient kept in the logits' dtype
+    allowed = dl * (p_err + SAFETY * u * np.abs(g) + stored_g) + SAFETY * u * dx + p.store * dx + p.floor
     return np.where(ignored[:, None], 0.0, allowed)
 
 
