@@ -319,6 +319,8 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, y: np.ndarray, table_d
     the accuracy a user gets from PyTorch, not to the tighter bound its fp32
     arithmetic reaches. Near underflow, each of the two products may round into x's
     subnormals (one floor each) besides the store (one more).
+    The backward (dx from dy) is the transposed rotation of dy by the same tables:
+    nothing is computed in forward and kept in x's dtype, so no second rounding arises.
     """
     u_in = unit_roundoff(p.dtype)
     u_cast = u_in if (table_dtype != p.dtype and p.dtype != torch.float32) else 0.0
@@ -404,7 +406,10 @@ def swiglu_grad(gate: np.ndarray, up: np.ndarray, dy: np.ndarray, dgate: np.ndar
     (dup) to the input dtype: one more u(input) of the result, and its subnormal
     spacing times the other factor. Then the store in the input dtype, and the FTZ
     region of sigmoid and the misread subnormal operands as in :func:`swiglu`
-    (|dt/dgate| <= 1).
+    (|dt/dgate| <= 1). That extra u(input) is also what a fused kernel costs that saves
+    silu(gate) in the input dtype in forward and scales it by dy in backward (two
+    roundings of dup in the input dtype); dgate needs s in fp32, which no such kernel
+    stores in a lower precision.
     """
     u = p.compute
     u_in = unit_roundoff(p.dtype)
@@ -488,12 +493,17 @@ def elu_feature_map_grad(x: np.ndarray, dy: np.ndarray, dx: np.ndarray, p: Preci
 
     exp(x) in fp32 as in the forward (EXP_ULPS u + u |x|, relative), the product dy
     times it (u), the store of dx (u(dtype)); the floor for results near underflow.
+    A kernel may instead save its output y = exp(x) (x <= 0) in the input dtype and
+    scale it by dy in backward (torch's in-place elu backward reads its result the
+    same way): y rounds once in that dtype (u(dtype) |dx| more, one floor into its
+    subnormals scaled by |dy|), the old rule's one rounding would fail it.
     """
     with np.errstate(invalid="ignore", over="ignore"):
         xf = np.where(np.isfinite(x), x, 0.0)
         dxf = np.abs(np.where(np.isfinite(dx), dx, 0.0))
         rel = np.where(xf <= 0, p.compute * (EXP_ULPS + np.abs(xf) + 1), p.compute)
-        return SAFETY * rel * dxf + p.store * dxf + p.floor
+        stored_y = np.where(xf <= 0, p.store * dxf + p.floor * np.abs(dy), 0.0)
+        return SAFETY * rel * dxf + p.store * dxf + stored_y + p.floor
 
 
 def _la_causal_abs_numerator(q: np.ndarray, k: np.ndarray, va: np.ndarray, block: int = 128) -> np.ndarray:
