@@ -43,6 +43,9 @@ def pytest_addoption(parser):
     group.addoption("--max-examples", type=int, default=None,
                     help="examples per test, overriding the profile's (sizes still follow the profile)")
     group.addoption("--list-ops", action="store_true", help="print the contract table of every op and exit")
+    group.addoption("--tolerance", choices=("derived", "parity"), default="derived",
+                    help="derived (default): fail past the derived allowance; parity: fail only past both it and "
+                         "2x plain PyTorch's error in the input dtype on the same input (properties/parity.py)")
 
 
 def _is_worker(config) -> bool:
@@ -63,6 +66,7 @@ def pytest_configure(config):
         settings.load_profile(f"{profile}-capped")
     CONFIG.size = PROFILE_SIZES.get(profile, "small")
     CONFIG.report_dir = Path(config.getoption("--report-dir"))
+    CONFIG.tolerance = config.getoption("--tolerance")
     CONFIG.ops = tuple(config.getoption("--op")) or None
     try:
         from properties.strategies import dtype_from_name
@@ -163,7 +167,7 @@ def pytest_sessionfinish(session, exitstatus):
     device = torch.cuda.get_device_name() if state["backend"] == "cuda" else "cpu (Triton interpreter)"
     import triton
     meta = {"backend": state["backend"], "profile": state["profile"], "device": device,
-            "torch": torch.__version__, "triton": triton.__version__}
+            "torch": torch.__version__, "triton": triton.__version__, "tolerance": CONFIG.tolerance}
     data = report.build(CONFIG.report_dir, state["skipped"], meta)
     report.write(CONFIG.report_dir, data)
     state["report"] = data

@@ -24,6 +24,7 @@ class RunConfig:
     ops: tuple[str, ...] | None = None  # --op
     dtypes: tuple[torch.dtype, ...] | None = None  # --dtype
     report_dir: Path = Path("reports")
+    tolerance: str = "derived"  # --tolerance: derived | parity (properties/parity.py)
 
     def pick(self, small, large):
         """The ``small`` or ``large`` variant of a size limit, by the run's size."""

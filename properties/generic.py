@@ -13,8 +13,8 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from properties import backend, tolerance
-from properties.oracle import assert_close, assert_identical, to_numpy
+from properties import backend, parity, tolerance
+from properties.oracle import assert_identical, to_numpy
 from properties.registry import OPS, Check, Implementation, NotApplicable, OpSpec
 from properties.strategies import Case, tensors
 from properties.tolerance import Precision
@@ -51,9 +51,10 @@ def matches_reference(case: Case, impl: Implementation) -> None:
     _check_output_types(op, case, outs)
     expected, inputs64 = op.expected(case, values)
     allowed = op.tolerance(case, inputs64, expected, precision(impl, case))
+    baseline = parity.baseline_errors(op.name, getattr(torch, case.dtype), case, values, outs, expected)
     for name in op.outputs:
-        assert_close(name, outs[name], expected[name], allowed[name],
-                     dtype=op.output_dtypes.get(name, getattr(torch, case.dtype)))
+        parity.assert_close(name, outs[name], expected[name], allowed[name], baseline[name],
+                            dtype=op.output_dtypes.get(name, getattr(torch, case.dtype)))
 
 
 def with_upstream(op: OpSpec, dtype: torch.dtype) -> st.SearchStrategy[Case]:
@@ -115,10 +116,12 @@ def gradients_match_reference(case: Case, impl: Implementation, in_domain=None, 
     if max_allowed is not None:
         assume(max(float(np.max(a)) for a in allowed.values()) <= max_allowed)
     _, grads = _backward(op, case, impl, values)
+    baseline = parity.baseline_grad_errors(op.name, case, values, np_grads)
     for name in op.grad_inputs:
         if grads[name].dtype != values[name].dtype:
             raise AssertionError(f"gradient of {name!r} has dtype {grads[name].dtype}, input has {values[name].dtype}")
-        assert_close(f"d{name}", grads[name], np_grads[name], allowed[f"d{name}"], dtype=values[name].dtype)
+        parity.assert_close(f"d{name}", grads[name], np_grads[name], allowed[f"d{name}"], baseline[f"d{name}"],
+                            dtype=values[name].dtype)
 
 
 def _whole_storage(t: torch.Tensor) -> torch.Tensor:

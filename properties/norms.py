@@ -20,7 +20,7 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from properties import backend, tolerance
+from properties import backend, parity, tolerance
 from properties.config import CONFIG
 from properties.generic import generic_checks, gradients_match_reference, precision, run
 from properties.oracle import assert_close, assert_identical, to_numpy
@@ -307,7 +307,9 @@ def dropout_matches_reference(case: Case, impl: Implementation) -> None:
                                                       prm["eps"])
     allowed = _dropout_allowed(v["x"], v["residual"], v["weight"], v["bias"], keep, prm["p"], prm["eps"], want,
                                precision(impl, case))
-    assert_close("y", outs["y"], want, allowed, what="y does not match the reference given the returned keep")
+    baseline = parity.baseline_errors(case.op, values["x"].dtype, case, values, outs, {"y": want})
+    parity.assert_close("y", outs["y"], want, allowed, baseline["y"], dtype=values["x"].dtype,
+                        what="y does not match the reference given the returned keep")
 
 
 @st.composite

@@ -36,13 +36,18 @@ class Collector:
     def sink(self, target, case):
         from properties import backend
 
-        def record(c):
+        def record(c, parity=None, passed=None):
+            # parity: PyTorch's error on the same input (properties/parity.py); passed: the
+            # verdict under the run's --tolerance mode, when it is not the comparison's own
             self.rows.append({
                 "op": target.op.name, "impl": target.impl.name, "dtype": str(target.dtype).replace("torch.", ""),
                 "backend": backend.current(), "check": target.check.name, "output": c.output,
                 "numel": c.numel, "max_abs": c.max_abs, "max_rel": c.max_rel, "max_ulp": c.max_ulp,
                 "headroom": c.headroom, "allowed_at_worst": c.allowed, "scale": c.scale,
-                "passed": c.ok, "case": case.to_json(), "impl_target": target.impl.target,
+                "passed": c.ok if passed is None else passed, "case": case.to_json(),
+                "impl_target": target.impl.target,
+                "baseline_max_abs": parity.baseline_max_abs if parity is not None else None,
+                "parity_ratio": parity.ratio if parity is not None else None,
             })
         return record
 
@@ -78,8 +83,21 @@ def summarise(rows: list[dict]) -> list[dict]:
             "max_headroom": worst["headroom"], "allowed_at_worst": worst["allowed_at_worst"],
             "closest_case": {"check": worst["check"], "impl": worst["impl_target"], "case": worst["case"]},
             "points": [[r["numel"], r["max_rel"], r["headroom"]] for r in rs],
+            "parity_ratio_at_worst": worst.get("parity_ratio"), "baseline_at_worst": worst.get("baseline_max_abs"),
+            **_parity_summary(rs),
         })
     return out
+
+
+def _parity_summary(rows: list[dict]) -> dict:
+    """The largest kernel / PyTorch error ratio over the examples that had a yardstick,
+    with PyTorch's own error on that example (properties/parity.py)."""
+    measured = [r for r in rows if r.get("parity_ratio") is not None]
+    if not measured:
+        return {"max_parity_ratio": None, "baseline_at_max_ratio": None, "parity_examples": 0}
+    top = max(measured, key=lambda r: r["parity_ratio"])
+    return {"max_parity_ratio": top["parity_ratio"], "baseline_at_max_ratio": top["baseline_max_abs"],
+            "parity_examples": len(measured)}
 
 
 def merge(folder: Path) -> dict:
@@ -117,12 +135,15 @@ def _fmt(v, spec=".2e"):
 
 def table(report: dict) -> str:
     """The compact table printed at the end of a run."""
-    head = f"{'op':<28} {'impl':<14} {'dtype':<9} {'output':<7} {'n':>5} {'max abs':>9} {'max rel':>9} {'max ulp':>9} {'headroom':>9}"
+    head = (f"{'op':<28} {'impl':<14} {'dtype':<9} {'output':<7} {'n':>5} {'max abs':>9} {'max rel':>9} "
+            f"{'max ulp':>9} {'headroom':>9} {'vs torch':>9}")
     lines = [head, "-" * len(head)]
     for o in report["outputs"]:
         lines.append(f"{o['op']:<28} {o['impl'][:14]:<14} {o['dtype']:<9} {o['output'][:7]:<7} {o['examples']:>5} "
                      f"{_fmt(o['max_abs']):>9} {_fmt(o['max_rel']):>9} {_fmt(o['max_ulp'], '.3g'):>9} "
-                     f"{_fmt(o['max_headroom'], '.3f'):>9}")
+                     f"{_fmt(o['max_headroom'], '.3f'):>9} {_fmt(o.get('parity_ratio_at_worst'), '.3g'):>9}")
+    lines.append("vs torch: the kernel's max |error| / plain PyTorch's in the input dtype on the example closest to "
+                 "failing ('-': PyTorch could not run there); the largest such ratio is in the report")
     return "\n".join(lines)
 
 
@@ -135,17 +156,29 @@ def _examples_line(report: dict) -> str:
             f"(assume); the most discarded: {most}.")
 
 
+def _parity_cell(o: dict) -> str:
+    """'ratio (PyTorch's error)' on the closest case; then the largest ratio over the examples."""
+    if o.get("max_parity_ratio") is None:
+        return "-"
+    at_worst = "-" if o.get("parity_ratio_at_worst") is None else \
+        f"{_fmt(o['parity_ratio_at_worst'], '.3g')} ({_fmt(o.get('baseline_at_worst'))})"
+    return f"{at_worst}; max {_fmt(o['max_parity_ratio'], '.3g')} ({_fmt(o.get('baseline_at_max_ratio'))})"
+
+
 def markdown(report: dict) -> str:
     m = report["meta"]
     lines = ["# Tolerance report", "",
              f"Backend `{m.get('backend')}`, profile `{m.get('profile')}`, device {m.get('device')}, "
-             f"{report['created']}. Headroom is the largest error divided by its allowance (<= 1 passes).", "",
-             "| op | impl | dtype | output | examples | max abs | p99 abs | max rel | max ULP | headroom |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+             f"{report['created']}. Headroom is the largest error divided by its allowance (<= 1 passes). "
+             f"Tolerance mode `{m.get('tolerance', 'derived')}`; vs torch is the ratio of the kernel's max "
+             "|error| to plain PyTorch's in the input dtype on the same input (PyTorch's error in brackets): on "
+             "the example closest to failing, then the largest over the examples.", "",
+             "| op | impl | dtype | output | examples | max abs | p99 abs | max rel | max ULP | headroom | vs torch |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for o in report["outputs"]:
         lines.append(f"| {o['op']} | {o['impl']} | {o['dtype']} | {o['output']} | {o['examples']} | "
                      f"{_fmt(o['max_abs'])} | {_fmt(o['p99_abs'])} | {_fmt(o['max_rel'])} | "
-                     f"{_fmt(o['max_ulp'], '.3g')} | {_fmt(o['max_headroom'], '.3f')} |")
+                     f"{_fmt(o['max_ulp'], '.3g')} | {_fmt(o['max_headroom'], '.3f')} | {_parity_cell(o)} |")
     lines += ["", "## Examples run (Hypothesis)", "", _examples_line(report)]
     if report["skipped"]:
         lines += ["", "## Skipped and expected failures", "", "| test | outcome | reason |", "|---|---|---|"]
@@ -160,7 +193,8 @@ def html_page(report: dict) -> str:
     rows = "".join(
         f"<tr><td>{esc(o['op'])}</td><td>{esc(o['impl'])}</td><td>{o['dtype']}</td><td>{esc(o['output'])}</td>"
         f"<td>{o['examples']}</td><td>{_fmt(o['max_abs'])}</td><td>{_fmt(o['max_rel'])}</td>"
-        f"<td>{_fmt(o['max_ulp'], '.3g')}</td><td>{_fmt(o['max_headroom'], '.3f')}</td></tr>"
+        f"<td>{_fmt(o['max_ulp'], '.3g')}</td><td>{_fmt(o['max_headroom'], '.3f')}</td>"
+        f"<td>{esc(_parity_cell(o))}</td></tr>"
         for o in report["outputs"])
     data = json.dumps([{"label": f"{o['op']}/{o['impl']}/{o['output']}", "dtype": o["dtype"], "points": o["points"],
                         "headroom": o["max_headroom"] if math.isfinite(o["max_headroom"]) else 1e9}
@@ -198,7 +232,7 @@ canvas{border:1px solid #ddd;margin:8px 16px 8px 0}.legend span{margin-right:14p
 <canvas id="bars" width="900" height="420"></canvas>
 <h2>Relative error against problem size, per dtype</h2><div id="scatter"></div>
 <h2>All outputs</h2><table><tr><th>op</th><th>impl</th><th>dtype</th><th>output</th><th>examples</th>
-<th>max abs</th><th>max rel</th><th>max ULP</th><th>headroom</th></tr>{{ROWS}}</table>
+<th>max abs</th><th>max rel</th><th>max ULP</th><th>headroom</th><th>vs torch (torch's error)</th></tr>{{ROWS}}</table>
 <h2>Examples run (Hypothesis)</h2><p>{{EXAMPLES}}</p>
 <h2>Skipped and expected failures</h2><ul>{{SKIPPED}}</ul>
 <script>

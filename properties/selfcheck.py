@@ -128,11 +128,12 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
     return Verdict(False, dtype, "")
 
 
-def _child(conn, backend_name: str, size: str, fn, args) -> None:
-    """The body of an isolated child: the parent's backend and size, then ``fn(*args)``."""
+def _child(conn, backend_name: str, size: str, fn, args, tolerance: str = "derived") -> None:
+    """The body of an isolated child: the parent's backend, size and tolerance mode, then ``fn(*args)``."""
     from properties.config import CONFIG
     backend.select(backend_name)  # a spawned child starts with nothing selected
     CONFIG.size = size
+    CONFIG.tolerance = tolerance
     try:
         verdict = fn(*args)
     except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
@@ -159,7 +160,8 @@ def isolated(fn, *args) -> Verdict:
         torch.set_num_threads(1)
     context = multiprocessing.get_context("spawn" if on_cuda else "fork")
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(send, backend.current(), CONFIG.size, fn, args), daemon=True)
+    child = context.Process(target=_child, args=(send, backend.current(), CONFIG.size, fn, args, CONFIG.tolerance),
+                            daemon=True)
     child.start()
     send.close()  # the child holds the only writer: its death reads as EOF here
     try:
