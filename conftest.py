@@ -43,6 +43,11 @@ def pytest_addoption(parser):
     group.addoption("--max-examples", type=int, default=None,
                     help="examples per test, overriding the profile's (sizes still follow the profile)")
     group.addoption("--list-ops", action="store_true", help="print the contract table of every op and exit")
+    group.addoption("--shapes", type=int, default=None, metavar="N",
+                    help="draw the dims kernels specialise or autotune on (head dims, heads, batch, last dims) from "
+                         "N values per (op, dtype, dim) fixed for the run, block boundaries included; sequence "
+                         "and row counts stay free (bounds compilations of autotuned kernels)")
+    group.addoption("--shapes-seed", type=int, default=0, help="which N values --shapes picks")
     group.addoption("--tolerance", choices=("derived", "parity"), default="derived",
                     help="derived (default): fail past the derived allowance; parity: fail only past both it and "
                          "2x plain PyTorch's error in the input dtype on the same input (properties/parity.py)")
@@ -54,6 +59,12 @@ def _is_worker(config) -> bool:
 
 @pytest.hookimpl(trylast=True)  # after Hypothesis's plugin loads --hypothesis-profile, so --max-examples caps it
 def pytest_configure(config):
+    # Triton's compile cache ($TRITON_CACHE_DIR, default ~/.triton/cache) is already one
+    # directory shared by every process; autotune timings are not written there unless
+    # asked: ask, so that each config sweep runs once per key for all xdist workers (and
+    # later runs) instead of once per worker. Before --impl imports the user's kernels:
+    # triton.autotune reads it when a kernel is decorated. The interpreter ignores it.
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     try:
         chosen = backend.select(config.getoption("--backend"))
     except ValueError as exc:
@@ -67,6 +78,9 @@ def pytest_configure(config):
     CONFIG.size = PROFILE_SIZES.get(profile, "small")
     CONFIG.report_dir = Path(config.getoption("--report-dir"))
     CONFIG.tolerance = config.getoption("--tolerance")
+    CONFIG.shapes, CONFIG.shapes_seed = config.getoption("--shapes"), config.getoption("--shapes-seed")
+    if CONFIG.shapes is not None and CONFIG.shapes < 1:
+        raise pytest.UsageError(f"--shapes must be at least 1, got {CONFIG.shapes}")
     CONFIG.ops = tuple(config.getoption("--op")) or None
     try:
         from properties.strategies import dtype_from_name
@@ -194,6 +208,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr.section("tolerance report")
     if state["report"]["outputs"]:
         tr.write_line(report.table(state["report"]))
+    timing = report.timing_line(state["report"])
+    if timing:
+        tr.write_line(timing)
     tr.write_line(f"full report: {CONFIG.report_dir / 'report.html'} (also .md, .json)")
     if state.get("nothing_checked"):
         tr.write_line("ERROR: no check could run on the implementation(s) given with --impl "

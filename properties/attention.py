@@ -36,7 +36,7 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from properties import backend, tolerance
+from properties import backend, shape_pool, tolerance
 from properties.config import CONFIG
 from properties.generic import generic_checks, precision, run, with_upstream
 from properties.generic import gradients_match_reference as _generic_gradients_match_reference
@@ -120,11 +120,17 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
     n_max = CONFIG.pick(70, 2048)
     n_q = draw(sizes(min_n, n_max, blocks=BLOCKS))
     n_k = n_q if causal else draw(sizes(min_n, n_max, blocks=BLOCKS))
-    d = draw(st.sampled_from(CONFIG.pick(HEAD_DIMS_SMALL, HEAD_DIMS_LARGE)))
+    d = draw(st.sampled_from(CONFIG.pick(HEAD_DIMS_SMALL, HEAD_DIMS_LARGE)) if CONFIG.shapes is None
+             else shape_pool.choice("attention", dtype, "D", CONFIG.pick(HEAD_DIMS_SMALL, HEAD_DIMS_LARGE)))
     work = CONFIG.pick(math.ceil(n_q / 16) * math.ceil(n_k / 16), n_q * n_k)
     max_bh = max(min_bh, CONFIG.pick(_TILE_BUDGET, _SCORE_BUDGET) // work)
-    b = draw(st.integers(1, min(3, max_bh)))
-    h = draw(st.integers(max(1, math.ceil(min_bh / b)), max(min(3, max_bh // b), math.ceil(min_bh / b))))
+    if CONFIG.shapes is None:
+        b = draw(st.integers(1, min(3, max_bh)))
+        h = draw(st.integers(max(1, math.ceil(min_bh / b)), max(min(3, max_bh // b), math.ceil(min_bh / b))))
+    else:
+        b = draw(shape_pool.sizes("attention", dtype, "B", 1, min(3, max_bh), span=(1, 3)))
+        h_lo = max(1, math.ceil(min_bh / b))
+        h = draw(shape_pool.sizes("attention", dtype, "H", h_lo, max(min(3, max_bh // b), h_lo), span=(1, 3)))
     sm_scale = draw(st.sampled_from(SM_SCALES))
     scale = _resolved_scale(sm_scale, d)
     cap = qk_cap(dtype, d, scale)

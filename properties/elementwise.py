@@ -9,7 +9,7 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from properties import tolerance
+from properties import shape_pool, tolerance
 from properties.config import CONFIG
 from properties.generic import UPSTREAM_FAMILIES, generic_checks, precision, run
 from properties.oracle import assert_close, to_numpy
@@ -48,11 +48,13 @@ def rope_cases(draw, dtype: torch.dtype) -> Case:
     to sqrt(2) max|x| (x_2i c - x_2i+1 s with c = -s = 1/sqrt 2), which must not
     overflow the dtype. x holds no inf or NaN (the contract does not define them).
     """
-    half = draw(sizes(1, CONFIG.pick(40, 256), blocks=ROPE_PAIR_BLOCKS))
+    half = draw(shape_pool.sizes("rope", dtype, "D/2", 1, CONFIG.pick(40, 256), blocks=ROPE_PAIR_BLOCKS))
     budget = CONFIG.pick(2**12, 2**20) // half  # B * H * S; x has 2 * half times as many elements
     s = draw(sizes(1, max(1, min(CONFIG.pick(48, 8192), budget)), blocks=ROPE_ROW_TILES))
-    b = draw(sizes(1, max(1, min(CONFIG.pick(3, 8), budget // s))))
-    h = draw(sizes(1, max(1, min(CONFIG.pick(4, 64), budget // (s * b)))))
+    b = draw(shape_pool.sizes("rope", dtype, "B", 1, max(1, min(CONFIG.pick(3, 8), budget // s)),
+                              span=(1, CONFIG.pick(3, 8))))
+    h = draw(shape_pool.sizes("rope", dtype, "H", 1, max(1, min(CONFIG.pick(4, 64), budget // (s * b))),
+                              span=(1, CONFIG.pick(4, 64))))
     shape = (b, h, s, 2 * half)
     cap = float(torch.finfo(dtype).max) / 2
     x = draw(tensors(shape, dtype, families=("normal", "near_max", "tiny", "constant", "outlier", "offset"),
@@ -144,7 +146,7 @@ def swiglu_cases(draw, dtype: torch.dtype) -> Case:
     in any layout; large |gate| of both signs (sigmoid saturation), tiny, near the
     domain's limit (:func:`_swiglu_caps`). No inf or NaN (the contract does not
     define them: silu(-inf) is NaN)."""
-    n = draw(sizes(1, CONFIG.pick(600, 2**16), blocks=SWIGLU_BLOCKS))
+    n = draw(shape_pool.sizes("swiglu", dtype, "n", 1, CONFIG.pick(600, 2**16), blocks=SWIGLU_BLOCKS))
     max_rows = max(1, min(CONFIG.pick(8, 4096), CONFIG.pick(2**12, 2**20) // n))
     lead = tuple(draw(st.lists(sizes(1, max_rows), max_size=2).filter(lambda d: math.prod(d) <= max_rows)))
     shape = lead + (n,)

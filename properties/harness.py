@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +69,7 @@ class Target:
 
     def run(self, case: Case) -> None:
         sink = _collector.sink(self, case) if _collector is not None and self.check.name in RECORDED_CHECKS else None
-        invalid = False
+        invalid, start = False, time.perf_counter()
         try:
             if sink is None:
                 self.check.run(case, self.impl)
@@ -91,7 +92,7 @@ class Target:
             raise
         finally:
             if _collector is not None:
-                _collector.count(self, invalid)
+                _collector.count(self, invalid, time.perf_counter() - start)
 
 
 # Hypothesis's "Failing test case: test_check(target=...)" would print the whole registry

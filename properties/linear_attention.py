@@ -35,7 +35,7 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from properties import backend, generic, parity, tolerance
+from properties import backend, generic, parity, shape_pool, tolerance
 from properties.config import CONFIG
 from properties.generic import generic_checks, precision, run
 from properties.oracle import assert_close, assert_identical, to_numpy
@@ -61,7 +61,7 @@ def elu_feature_map_cases(draw, dtype: torch.dtype) -> Case:
     masks, ...) and injected specials: the contract defines y everywhere
     (elu(-inf) + 1 = 0, elu(inf) + 1 = inf, NaN stays NaN)."""
     budget = CONFIG.pick(4096, 2**20)
-    last = draw(sizes(1, budget, blocks=(ELU_BLOCK,)))
+    last = draw(shape_pool.sizes("elu_feature_map", dtype, "last", 1, budget, blocks=(ELU_BLOCK,)))
     rank = draw(st.integers(1, 4))
     lead = tuple(draw(st.lists(sizes(1, max(1, min(64, budget // last))), min_size=rank - 1, max_size=rank - 1)
                       .filter(lambda d: math.prod(d) * last <= budget)))
@@ -210,12 +210,17 @@ def linear_attention_cases(draw, dtype: torch.dtype) -> Case:
     the [B, N, H, D] transposed layout common; q, k non-negative features over many
     orders of magnitude; v signed; eps 1e-6 or 1e-3; causal or not."""
     n = draw(sizes(1, CONFIG.pick(130, 4096), blocks=CHUNKS))
-    head = st.one_of(st.sampled_from((16, 32)), sizes(1, CONFIG.pick(64, 128), blocks=(16, 32, 64)))
-    d, dv = draw(head), draw(head)
+    if CONFIG.shapes is None:
+        head = st.one_of(st.sampled_from((16, 32)), sizes(1, CONFIG.pick(64, 128), blocks=(16, 32, 64)))
+        d, dv = draw(head), draw(head)
+    else:
+        d, dv = (draw(shape_pool.sizes("linear_attention", dtype, name, 1, CONFIG.pick(64, 128), blocks=(16, 32, 64)))
+                 for name in ("D", "Dv"))
     # the fp64 reference holds [B, H, N, D, Dv] for causal: bound B H N D Dv
     budget = CONFIG.pick(2**19, 2**24) // (n * d * dv)
-    b = draw(st.integers(1, max(1, min(2, budget))))
-    h = draw(st.integers(1, max(1, min(CONFIG.pick(2, 8), budget // b))))
+    b = draw(shape_pool.sizes("linear_attention", dtype, "B", 1, max(1, min(2, budget)), span=(1, 2)))
+    h = draw(shape_pool.sizes("linear_attention", dtype, "H", 1, max(1, min(CONFIG.pick(2, 8), budget // b)),
+                              span=(1, CONFIG.pick(2, 8))))
     causal = draw(st.booleans())
     eps = draw(st.sampled_from(EPSILONS))
     shared = draw(st.one_of(st.just(HEADS_SWAPPED), st.none()))  # one layout for q, k, v, or each its own

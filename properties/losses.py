@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from properties import backend, tolerance
+from properties import backend, shape_pool, tolerance
 from properties.config import CONFIG
 from properties.generic import generic_checks, precision, run, with_upstream
 from properties.oracle import assert_close, assert_identical, to_numpy
@@ -32,7 +32,7 @@ def cross_entropy_cases(draw, dtype: torch.dtype) -> Case:
     its relative accuracy (the rule's u |lse| terms) but the probabilities of the
     backward lose all digits (the gradient rule caps their error at [0, 1]).
     """
-    v = draw(sizes(1, CONFIG.pick(700, 2**17 + 3), blocks=BLOCKS))
+    v = draw(shape_pool.sizes("cross_entropy", dtype, "V", 1, CONFIG.pick(700, 2**17 + 3), blocks=BLOCKS))
     max_rows = max(1, min(CONFIG.pick(8, 4096), CONFIG.pick(2**12, 2**20) // v))
     m = draw(sizes(1, max_rows))
     cap = min(float(torch.finfo(dtype).max), float(torch.finfo(torch.float32).max) / 4)

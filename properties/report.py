@@ -28,10 +28,13 @@ class Collector:
         self.rows: list[dict] = []
         self.examples: dict[str, int] = defaultdict(int)  # test id -> examples run
         self.invalid: dict[str, int] = defaultdict(int)  # test id -> of which discarded by assume
+        self.seconds: dict[str, list[float]] = defaultdict(list)  # test id -> each example's duration, in order
 
-    def count(self, target, invalid: bool = False) -> None:
+    def count(self, target, invalid: bool = False, seconds: float | None = None) -> None:
         self.examples[target.id] += 1
         self.invalid[target.id] += int(invalid)
+        if seconds is not None:
+            self.seconds[target.id].append(seconds)
 
     def sink(self, target, case):
         from properties import backend
@@ -54,7 +57,7 @@ class Collector:
     def dump(self, folder: Path, name: str) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{name}.json").write_text(json.dumps({"rows": self.rows, "examples": self.examples,
-                                                           "invalid": self.invalid}))
+                                                           "invalid": self.invalid, "seconds": self.seconds}))
 
 
 def _finite(values):
@@ -101,7 +104,7 @@ def _parity_summary(rows: list[dict]) -> dict:
 
 
 def merge(folder: Path) -> dict:
-    rows, examples, invalid = [], defaultdict(int), defaultdict(int)
+    rows, examples, invalid, seconds = [], defaultdict(int), defaultdict(int), {}
     for part in sorted((folder / "parts").glob("*.json")):
         data = json.loads(part.read_text())
         rows.extend(data["rows"])
@@ -109,7 +112,20 @@ def merge(folder: Path) -> dict:
             examples[k] += v
         for k, v in data.get("invalid", {}).items():
             invalid[k] += v
-    return {"rows": rows, "examples": dict(examples), "invalid": dict(invalid)}
+        seconds.update(data.get("seconds", {}))  # a test runs in one process: its durations are in one part
+    return {"rows": rows, "examples": dict(examples), "invalid": dict(invalid), "seconds": seconds}
+
+
+def timings(seconds: dict[str, list[float]]) -> dict[str, dict]:
+    """Per test: the first example's duration (where compilation and autotuning land in a
+    fresh process), the median of the others, and their difference (the compile and
+    autotune estimate)."""
+    out = {}
+    for test, ds in seconds.items():
+        rest = float(np.median(ds[1:])) if len(ds) > 1 else None
+        out[test] = {"examples": len(ds), "first_s": ds[0], "median_rest_s": rest, "total_s": float(sum(ds)),
+                     "compile_s": max(0.0, ds[0] - rest) if rest is not None else None}
+    return out
 
 
 def build(folder: Path, skipped: list[dict], meta: dict) -> dict:
@@ -121,6 +137,7 @@ def build(folder: Path, skipped: list[dict], meta: dict) -> dict:
         "outputs": summarise(merged["rows"]),
         "examples_per_test": merged["examples"],
         "invalid_per_test": merged["invalid"],
+        "timing_per_test": timings(merged["seconds"]),
         "skipped": skipped,
     }
 
@@ -165,6 +182,20 @@ def _parity_cell(o: dict) -> str:
     return f"{at_worst}; max {_fmt(o['max_parity_ratio'], '.3g')} ({_fmt(o.get('baseline_at_max_ratio'))})"
 
 
+def _slowest_first_examples(report: dict, count: int = 15) -> list[tuple[str, dict]]:
+    t = report.get("timing_per_test", {})
+    return sorted(t.items(), key=lambda kv: -(kv[1]["compile_s"] or 0.0))[:count]
+
+
+def timing_line(report: dict) -> str | None:
+    """The terminal's one line on compile and autotune time."""
+    slow = [(t, v) for t, v in _slowest_first_examples(report, 3) if v["compile_s"]]
+    if not slow:
+        return None
+    return "slowest first examples (compile + autotune): " + ", ".join(
+        f"{t} {v['first_s']:.1f} s (others {v['median_rest_s']:.2f} s)" for t, v in slow)
+
+
 def markdown(report: dict) -> str:
     m = report["meta"]
     lines = ["# Tolerance report", "",
@@ -180,6 +211,12 @@ def markdown(report: dict) -> str:
                      f"{_fmt(o['max_abs'])} | {_fmt(o['p99_abs'])} | {_fmt(o['max_rel'])} | "
                      f"{_fmt(o['max_ulp'], '.3g')} | {_fmt(o['max_headroom'], '.3f')} | {_parity_cell(o)} |")
     lines += ["", "## Examples run (Hypothesis)", "", _examples_line(report)]
+    slow = _slowest_first_examples(report)
+    if slow:
+        lines += ["", "## Compile and autotune time (first example vs the median of the others)", "",
+                  "| test | examples | first (s) | median of the others (s) | total (s) |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| `{t}` | {v['examples']} | {v['first_s']:.2f} | {_fmt(v['median_rest_s'], '.3f')} | "
+                  f"{v['total_s']:.1f} |" for t, v in slow]
     if report["skipped"]:
         lines += ["", "## Skipped and expected failures", "", "| test | outcome | reason |", "|---|---|---|"]
         for s in report["skipped"]:
@@ -203,6 +240,10 @@ def html_page(report: dict) -> str:
     return _HTML.replace("{{TITLE}}", esc(f"Tolerance report: {m.get('backend')}, {m.get('device')}")) \
         .replace("{{META}}", esc(json.dumps(m))).replace("{{ROWS}}", rows).replace("{{DATA}}", data) \
         .replace("{{EXAMPLES}}", esc(_examples_line(report)).replace("`", "")) \
+        .replace("{{TIMING}}", "".join(
+            f"<tr><td>{esc(t)}</td><td>{v['examples']}</td><td>{v['first_s']:.2f}</td>"
+            f"<td>{_fmt(v['median_rest_s'], '.3f')}</td><td>{v['total_s']:.1f}</td></tr>"
+            for t, v in _slowest_first_examples(report))) \
         .replace("{{SKIPPED}}", "".join(f"<li><code>{esc(s['test'])}</code> {esc(s['outcome'])}: {esc(s['reason'])}</li>"
                                         for s in report["skipped"]))
 
@@ -234,6 +275,9 @@ canvas{border:1px solid #ddd;margin:8px 16px 8px 0}.legend span{margin-right:14p
 <h2>All outputs</h2><table><tr><th>op</th><th>impl</th><th>dtype</th><th>output</th><th>examples</th>
 <th>max abs</th><th>max rel</th><th>max ULP</th><th>headroom</th><th>vs torch (torch's error)</th></tr>{{ROWS}}</table>
 <h2>Examples run (Hypothesis)</h2><p>{{EXAMPLES}}</p>
+<h2>Compile and autotune time (first example vs the median of the others)</h2>
+<table><tr><th>test</th><th>examples</th><th>first (s)</th><th>median of the others (s)</th><th>total (s)</th></tr>
+{{TIMING}}</table>
 <h2>Skipped and expected failures</h2><ul>{{SKIPPED}}</ul>
 <script>
 const data = {{DATA}};

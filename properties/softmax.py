@@ -8,7 +8,7 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from properties import backend, tolerance
+from properties import backend, shape_pool, tolerance
 from properties.config import CONFIG
 from properties.generic import generic_checks, precision, run
 from properties.oracle import assert_close, assert_identical, to_numpy
@@ -27,7 +27,7 @@ def _domain_cap(dtype: torch.dtype, temperature: float) -> float:
 @st.composite
 def softmax_cases(draw, dtype: torch.dtype) -> Case:
     """Rows of any length (past one block included) under up to two leading dims."""
-    n = draw(sizes(1, CONFIG.pick(2100, 2**17 + 3), blocks=BLOCKS))
+    n = draw(shape_pool.sizes("softmax", dtype, "n", 1, CONFIG.pick(2100, 2**17 + 3), blocks=BLOCKS))
     max_rows = max(1, min(CONFIG.pick(12, 4096), CONFIG.pick(2**14, 2**20) // n))
     lead = tuple(draw(st.lists(sizes(1, max_rows), max_size=2).filter(lambda d: math.prod(d) <= max_rows)))
     temperature = draw(st.sampled_from(TEMPERATURES))
