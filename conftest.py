@@ -45,8 +45,8 @@ def pytest_addoption(parser):
     group.addoption("--list-ops", action="store_true", help="print the contract table of every op and exit")
     group.addoption("--shapes", type=int, default=None, metavar="N",
                     help="draw the dims kernels specialise or autotune on (head dims, heads, batch, last dims) from "
-                         "N values per (op, dtype, dim) fixed for the run, block boundaries included; sequence "
-                         "and row counts stay free (bounds compilations of autotuned kernels)")
+                         "a pool fixed for the run per (op, dtype, dim): the block boundaries and N other sizes; "
+                         "sequence and row counts stay free (bounds compilations of autotuned kernels)")
     group.addoption("--shapes-seed", type=int, default=0, help="which N values --shapes picks")
     group.addoption("--tolerance", choices=("derived", "parity"), default="derived",
                     help="derived (default): fail past the derived allowance; parity: fail only past both it and "

@@ -5,13 +5,14 @@ benchmarks about 114 configs for every new (B, H, D, Dv, dtype), its ``elu_p1`` 
 every new last dim (84 s on an H100 for one new D, 0.4 s once the Triton cache holds
 it). A fuzz run that draws every dim afresh recompiles on nearly every example. With
 ``--shapes N`` the dims a kernel specialises on (head dims, heads, batch, the last dim
-of row-wise ops) are drawn only from N values per (op, dtype, dim), fixed at the start
-of the run, while sequence lengths and row counts still vary freely: at most N
-compilations (and autotune sweeps) per such dim, whatever the example count.
+of row-wise ops) are drawn only from a small pool per (op, dtype, dim), fixed at the
+start of the run, while sequence lengths and row counts still vary freely: a bounded
+number of compilations (and autotune sweeps) per such dim, whatever the example count.
 
-A pool always holds the block boundaries in its range (16, 32, 64, 128 and the op's
-own block sizes: where tiling bugs live), then random sizes (half of them next to a
-block edge) until it holds N; with more boundaries than N it holds all the boundaries.
+A pool holds the block boundaries in its range (16, 32, 64, 128 and the op's own block
+sizes) and N sizes besides them, drawn at random, half of them next to a block edge (one
+short, one past, one past two blocks: where masking bugs live; a pool of boundaries
+alone would hold only aligned sizes and never a masked tail).
 It is a pure function of (seed, op, dtype, dim, range), so every xdist worker builds
 the same pool. Without ``--shapes`` every dim is drawn by :func:`strategies.sizes`.
 """
@@ -42,7 +43,8 @@ def pool(op: str, dtype: str, dim: str, lo: int, hi: int, blocks: tuple[int, ...
     rng = np.random.default_rng(zlib.crc32(f"{seed}:{op}:{dtype}:{dim}".encode()))
     near_edges = block_edges(lo, hi, blocks + BOUNDARIES) or [lo]
     others = interesting_sizes(lo, hi)
-    while len(chosen) < min(count, hi - lo + 1):
+    target = min(len(chosen) + count, hi - lo + 1)
+    while len(chosen) < target:
         source = near_edges if rng.random() < 0.5 else (others if others and rng.random() < 0.5 else None)
         chosen.add(int(rng.choice(source)) if source else int(rng.integers(lo, hi + 1)))
     return tuple(sorted(chosen))
@@ -68,12 +70,12 @@ def sizes(op: str, dtype: torch.dtype, dim: str, min_size: int, max_size: int, *
 
 def choice(op: str, dtype: torch.dtype, dim: str, values: Sequence[int]) -> st.SearchStrategy[int]:
     """One of ``values`` (a dim the contract draws from a list, such as head dims):
-    with ``--shapes N``, N of them fixed for the run, boundaries first."""
+    with ``--shapes N``, its boundaries and N others, fixed for the run."""
     values = sorted(set(values))
-    if CONFIG.shapes is None or len(values) <= CONFIG.shapes:
+    if CONFIG.shapes is None:
         return st.sampled_from(values)
     rng = np.random.default_rng(zlib.crc32(f"{CONFIG.shapes_seed}:{op}:{_name(dtype)}:{dim}".encode()))
     first = [v for v in values if v in BOUNDARIES]
     rest = [v for v in values if v not in BOUNDARIES]
     rng.shuffle(rest)
-    return st.sampled_from(sorted((first + rest)[:max(CONFIG.shapes, len(first))]))
+    return st.sampled_from(sorted(first + rest[:CONFIG.shapes]))
