@@ -52,6 +52,11 @@ def rope(x, cos, sin):
     for name, t in (("cos", cos), ("sin", sin)):
         if tuple(t.shape) != (s, d // 2):
             raise ValueError(f"{name} must have shape ({s}, {d // 2}), got {tuple(t.shape)}")
+        if t.dtype != x.dtype:
+            # Liger's kernel casts x to the tables' dtype (q.to(sin_row.dtype)): float32 x with
+            # float16 tables is rotated in float16 (docs/third-party/liger.md, finding 4)
+            raise TypeError(f"Liger's rope computes in the dtype of {name}: {name} must have x's dtype {x.dtype}, "
+                            f"got {t.dtype}")
     # Liger rotates the halves (x[:D/2], x[D/2:]) (HF Llama); the contract rotates the pairs (x_2i, x_2i+1).
     halves = torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
     unused_k = torch.zeros((b, 1, s, d), dtype=x.dtype, device=x.device)
