@@ -54,7 +54,8 @@ def matches_reference(case: Case, impl: Implementation) -> None:
     baseline = parity.baseline_errors(op.name, getattr(torch, case.dtype), case, values, outs, expected)
     for name in op.outputs:
         parity.assert_close(name, outs[name], expected[name], allowed[name], baseline[name],
-                            dtype=op.output_dtypes.get(name, getattr(torch, case.dtype)))
+                            dtype=op.output_dtypes.get(name, getattr(torch, case.dtype)),
+                            computed_in=getattr(torch, case.dtype))
 
 
 def with_upstream(op: OpSpec, dtype: torch.dtype) -> st.SearchStrategy[Case]:

@@ -157,10 +157,12 @@ def baseline_grad_errors(op: str, case, values: Mapping[str, Any], expected: Map
 
 
 def assert_close(output: str, got: torch.Tensor, expected: np.ndarray, allowed, baseline: float | str,
-                 dtype: torch.dtype, what: str = "does not match the fp64 reference") -> Comparison:
+                 dtype: torch.dtype, what: str = "does not match the fp64 reference",
+                 computed_in: torch.dtype | None = None) -> Comparison:
     """:func:`oracle.assert_close` with PyTorch's error beside it: recorded for the report,
     quoted in the failure message, and in ``--tolerance parity`` mode the second
-    condition a failure needs."""
+    condition a failure needs. ``computed_in``: the dtype PyTorch computed in (the
+    input dtype; default ``dtype``, the output's), for the message."""
     c = oracle.compare(output, got, expected, allowed, dtype)
     figures = Parity(baseline if not isinstance(baseline, str) else None, _error(c),
                      baseline if isinstance(baseline, str) else "")
@@ -169,13 +171,13 @@ def assert_close(output: str, got: torch.Tensor, expected: np.ndarray, allowed, 
     if sink is not None:
         sink(c, parity=figures, passed=not failed)
     if failed:
-        raise AssertionError(oracle.failure_text(c, what) + "\n" + describe(figures, c))
+        raise AssertionError(oracle.failure_text(c, what) + "\n" + describe(figures, computed_in or dtype))
     return c
 
 
-def describe(figures: Parity, c: Comparison) -> str:
+def describe(figures: Parity, computed_in: torch.dtype) -> str:
     """The sentence a failure message carries about PyTorch's own error."""
-    name = str(c.dtype).replace("torch.", "")
+    name = str(computed_in).replace("torch.", "")
     if figures.baseline_max_abs is None:
         return f"  no PyTorch yardstick: {figures.note}"
     ratio = figures.ratio
