@@ -64,6 +64,14 @@ def pytest_addoption(parser):
                     help="an implementation raising ValueError/TypeError/NotImplementedError on an input: discard "
                          "the example (counted, shown), or fail; auto (default): fail for the project's own "
                          "kernels, mutants and controls, discard for --impl implementations")
+    group.addoption("--shapes", type=int, default=None, metavar="N",
+                    help="draw the dims kernels specialise or autotune on (head dims, heads, batch, last dims) from "
+                         "a pool fixed for the run per (op, dtype, dim): the block boundaries and N other sizes; "
+                         "sequence and row counts stay free (bounds compilations of autotuned kernels)")
+    group.addoption("--shapes-seed", type=int, default=0, help="which N values --shapes picks")
+    group.addoption("--tolerance", choices=("derived", "parity"), default="derived",
+                    help="derived (default): fail past the derived allowance; parity: fail only past both it and "
+                         "2x plain PyTorch's error in the input dtype on the same input (properties/parity.py)")
 
 
 def _is_worker(config) -> bool:
@@ -100,6 +108,12 @@ def pytest_cmdline_main(config):
 
 @pytest.hookimpl(trylast=True)  # after Hypothesis's plugin loads --hypothesis-profile, so --max-examples caps it
 def pytest_configure(config):
+    # Triton's compile cache ($TRITON_CACHE_DIR, default ~/.triton/cache) is already one
+    # directory shared by every process; autotune timings are not written there unless
+    # asked: ask, so that each config sweep runs once per key for all xdist workers (and
+    # later runs) instead of once per worker. Before --impl imports the user's kernels:
+    # triton.autotune reads it when a kernel is decorated. The interpreter ignores it.
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     try:
         chosen = backend.select(config.getoption("--backend"))
     except ValueError as exc:
@@ -112,6 +126,10 @@ def pytest_configure(config):
         settings.load_profile(f"{profile}-capped")
     CONFIG.size = PROFILE_SIZES.get(profile, "small")
     CONFIG.report_dir = Path(config.getoption("--report-dir"))
+    CONFIG.tolerance = config.getoption("--tolerance")
+    CONFIG.shapes, CONFIG.shapes_seed = config.getoption("--shapes"), config.getoption("--shapes-seed")
+    if CONFIG.shapes is not None and CONFIG.shapes < 1:
+        raise pytest.UsageError(f"--shapes must be at least 1, got {CONFIG.shapes}")
     CONFIG.ops = tuple(config.getoption("--op")) or None
     CONFIG.refusals = config.getoption("--refusals")
     try:
@@ -242,7 +260,7 @@ def pytest_sessionfinish(session, exitstatus):
     device = torch.cuda.get_device_name() if state["backend"] == "cuda" else "cpu (Triton interpreter)"
     import triton
     meta = {"backend": state["backend"], "profile": state["profile"], "device": device,
-            "torch": torch.__version__, "triton": triton.__version__}
+            "torch": torch.__version__, "triton": triton.__version__, "tolerance": CONFIG.tolerance}
     data = report.build(CONFIG.report_dir, state["skipped"], meta, limits=_declared_limits())
     report.write(CONFIG.report_dir, data)
     state["report"] = data
@@ -282,6 +300,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         tr.write_line(discards)
     for name, text in sorted(state["report"].get("limits", {}).items()):
         tr.write_line(f"declared limits of {name}: {text}")
+    timing = report.timing_line(state["report"])
+    if timing:
+        tr.write_line(timing)
     tr.write_line(f"full report: {CONFIG.report_dir / 'report.html'} (also .md, .json)")
     if state.get("nothing_checked"):
         tr.write_line("ERROR: no check could run on the implementation(s) given with --impl "

@@ -25,6 +25,9 @@ class RunConfig:
     dtypes: tuple[torch.dtype, ...] | None = None  # --dtype
     report_dir: Path = Path("reports")
     refusals: str = "auto"  # --refusals: auto | discard | fail (properties/refusals.py)
+    tolerance: str = "derived"  # --tolerance: derived | parity (properties/parity.py)
+    shapes: int | None = None  # --shapes N: sizes per (op, dtype, specialised dim) (properties/shape_pool.py)
+    shapes_seed: int = 0  # --shapes-seed: which N (the same in every xdist worker)
 
     def pick(self, small, large):
         """The ``small`` or ``large`` variant of a size limit, by the run's size."""

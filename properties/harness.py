@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,7 +87,7 @@ class Target:
 
     def run(self, case: Case) -> None:
         sink = _collector.sink(self, case) if _collector is not None and self.check.name in RECORDED_CHECKS else None
-        invalid = refused = False
+        invalid, refused, start = False, False, time.perf_counter()
         try:
             with poisoned_allocations(), (recording(sink) if sink is not None else contextlib.nullcontext()):
                 self.check.run(case, self.impl)
@@ -118,8 +119,7 @@ class Target:
             raise
         finally:
             if _collector is not None:
-                _collector.count(self, invalid, refused)
-
+                _collector.count(self, invalid, refused, time.perf_counter() - start)
 
     def _skip_if_all_refused(self) -> None:
         """Hypothesis would draw hundreds of cases before giving up on an implementation

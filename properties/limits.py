@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from hypothesis import strategies as st
 
+from properties import shape_pool
+from properties.config import CONFIG
 from properties.strategies import Case, sizes
 
 if TYPE_CHECKING:
@@ -223,6 +225,25 @@ class Limits:
                 return st.just(lo2)  # the smallest accepted size, past the profile's budget
             raise OutsideLimits(f"this check needs {dim} >= {lo}; the declared limits allow {dim} <= {hi2}")
         return sizes(lo2, hi2, blocks=blocks)
+
+    def specialised(self, op: str, dtype, dim: str, lo: int, hi: int, *, blocks: Sequence[int] = (),
+                    span: tuple[int, int] | None = None) -> st.SearchStrategy[int]:
+        """:meth:`size` for a dim that kernels specialise or autotune on (head dims, heads,
+        batch, a row-wise op's last dim): with ``--shapes N``, from the run's pool
+        (:mod:`properties.shape_pool`) inside the limits. Declared sizes win over the pool;
+        ``span`` is the widest range the op ever draws, so every worker builds one pool."""
+        lo2, hi2 = max(lo, self.min_size.get(dim, lo)), min(hi, self.max_size.get(dim, hi))
+        if CONFIG.shapes is None or dim in self.sizes or lo2 > hi2:
+            return self.size(dim, lo, hi, blocks=blocks)
+        return shape_pool.sizes(op, dtype, dim, lo2, hi2, blocks=blocks, span=span or (lo, hi))
+
+    def specialised_pick(self, op: str, dtype, dim: str, pool: Sequence[int]) -> st.SearchStrategy[int]:
+        """:meth:`pick` for a specialised dim drawn from a list (head dims): with
+        ``--shapes N``, the boundaries among the allowed values and N others."""
+        inside = [n for n in pool if self.min_size.get(dim, n) <= n <= self.max_size.get(dim, n)]
+        if CONFIG.shapes is None or dim in self.sizes or not inside:
+            return self.pick(dim, pool)
+        return shape_pool.choice(op, dtype, dim, inside)
 
     def pick(self, dim: str, pool: Sequence[int]) -> st.SearchStrategy[int]:
         """A size of ``dim`` from the op's pool (e.g. head dims), inside the limits;

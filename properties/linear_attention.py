@@ -35,7 +35,7 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from properties import backend, generic, tolerance
+from properties import backend, generic, parity, tolerance
 from properties.config import CONFIG
 from properties.generic import generic_checks, precision, run
 from properties.limits import NO_LIMITS, Limits
@@ -62,7 +62,7 @@ def elu_feature_map_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) 
     masks, ...) and injected specials: the contract defines y everywhere
     (elu(-inf) + 1 = 0, elu(inf) + 1 = inf, NaN stays NaN)."""
     budget = CONFIG.pick(4096, 2**20)
-    last = draw(limits.size("N", 1, budget, blocks=(ELU_BLOCK,)))
+    last = draw(limits.specialised("elu_feature_map", dtype, "N", 1, budget, blocks=(ELU_BLOCK,)))
     rank = draw(st.integers(1, 4))
     lead = tuple(draw(st.lists(sizes(1, max(1, min(64, budget // last))), min_size=rank - 1, max_size=rank - 1)
                       .filter(lambda d: math.prod(d) * last <= budget)))
@@ -213,13 +213,15 @@ def linear_attention_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS)
     the [B, N, H, D] transposed layout common; q, k non-negative features over many
     orders of magnitude; v signed; eps 1e-6 or 1e-3; causal or not."""
     n = draw(limits.size("N", 1, CONFIG.pick(130, 4096), blocks=CHUNKS))
-    d, dv = (draw(st.one_of(st.sampled_from((16, 32)), sizes(1, CONFIG.pick(64, 128), blocks=(16, 32, 64)))
-                  if not limits.bounds(dim) else limits.size(dim, 1, CONFIG.pick(64, 128), blocks=(16, 32, 64)))
+    d, dv = (draw(limits.specialised("linear_attention", dtype, dim, 1, CONFIG.pick(64, 128), blocks=(16, 32, 64))
+                  if CONFIG.shapes is not None or limits.bounds(dim) else
+                  st.one_of(st.sampled_from((16, 32)), sizes(1, CONFIG.pick(64, 128), blocks=(16, 32, 64))))
              for dim in ("D", "Dv"))
     # the fp64 reference holds [B, H, N, D, Dv] for causal: bound B H N D Dv
     budget = CONFIG.pick(2**19, 2**24) // (n * d * dv)
-    b = draw(limits.size("B", 1, max(1, min(2, budget))))
-    h = draw(limits.size("H", 1, max(1, min(CONFIG.pick(2, 8), budget // b))))
+    b = draw(limits.specialised("linear_attention", dtype, "B", 1, max(1, min(2, budget)), span=(1, 2)))
+    h = draw(limits.specialised("linear_attention", dtype, "H", 1, max(1, min(CONFIG.pick(2, 8), budget // b)),
+                                span=(1, CONFIG.pick(2, 8))))
     causal = draw(limits.choice("causal", (False, True)))
     eps = draw(st.sampled_from(EPSILONS))
     shared = draw(st.one_of(st.just(HEADS_SWAPPED), st.none()))  # one layout for q, k, v, or each its own
@@ -249,7 +251,8 @@ def la_matches_reference(case: Case, impl: Implementation) -> None:
     generic._check_output_types(OPS[case.op], case, outs)
     expected, _ = OPS[case.op].expected(case, values)
     allowed = _allowed(values, expected["o"], values["causal"], precision(impl, case))
-    assert_close("o", outs["o"], expected["o"], allowed, dtype=getattr(torch, case.dtype))
+    baseline = parity.baseline_errors(case.op, getattr(torch, case.dtype), case, values, outs, expected)
+    parity.assert_close("o", outs["o"], expected["o"], allowed, baseline["o"], dtype=getattr(torch, case.dtype))
 
 
 def _chunk_sizes(impl: Implementation) -> str | None:

@@ -33,7 +33,7 @@ def cross_entropy_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) ->
     its relative accuracy (the rule's u |lse| terms) but the probabilities of the
     backward lose all digits (the gradient rule caps their error at [0, 1]).
     """
-    v = draw(limits.size("V", 1, CONFIG.pick(700, 2**17 + 3), blocks=BLOCKS))
+    v = draw(limits.specialised("cross_entropy", dtype, "V", 1, CONFIG.pick(700, 2**17 + 3), blocks=BLOCKS))
     max_rows = max(1, min(CONFIG.pick(8, 4096), CONFIG.pick(2**12, 2**20) // v))
     m = draw(limits.size("M", 1, max_rows))
     cap = min(float(torch.finfo(dtype).max), float(torch.finfo(torch.float32).max) / 4)

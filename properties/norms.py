@@ -20,7 +20,7 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from properties import backend, tolerance
+from properties import backend, parity, tolerance
 from properties.config import CONFIG
 from properties.generic import generic_checks, gradients_match_reference, precision, run
 from properties.limits import NO_LIMITS, Limits
@@ -50,13 +50,13 @@ def domain_cap(dtype: torch.dtype, n: int) -> float:
 
 
 @st.composite
-def _shape(draw, row_blocks: int, limits: Limits) -> tuple[int, ...]:
+def _shape(draw, row_blocks: int, limits: Limits, op: str, dtype: torch.dtype) -> tuple[int, ...]:
     """Rows of any length (past one column block included) under 0-2 leading dims.
 
     On the interpreter a call costs about (rows x column blocks of 64) programs-worth
     of work (the dropout kernel's Philox is the dearest), so the small profile bounds
     that product by ``row_blocks``: up to 12 rows of N <= 64, 2-3 rows of N ~ 300."""
-    n = draw(limits.size("N", 1, CONFIG.pick(300, 16384), blocks=BLOCKS))
+    n = draw(limits.specialised(op, dtype, "N", 1, CONFIG.pick(300, 16384), blocks=BLOCKS))
     small_rows = max(1, row_blocks // -(-n // BLOCKS[0]))
     max_rows = max(1, min(CONFIG.pick(min(12, small_rows), 4096), CONFIG.pick(2**12, 2**21) // n))
     lead = tuple(draw(st.lists(sizes(1, max_rows), max_size=2).filter(lambda d: math.prod(d) <= max_rows)))
@@ -74,7 +74,7 @@ def _affine(draw, n: int, dtype: torch.dtype) -> tuple[TensorSpec, TensorSpec]:
 @st.composite
 def layer_norm_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
     """x [..., N] in any layout and value family of the domain; strided weight/bias."""
-    shape = draw(_shape(LN_ROW_BLOCKS, limits))
+    shape = draw(_shape(LN_ROW_BLOCKS, limits, "layer_norm", dtype))
     n = shape[-1]
     cap = domain_cap(dtype, n)
     x = draw(tensors(shape, dtype, families=X_FAMILIES, max_magnitude=cap,
@@ -88,7 +88,7 @@ def layer_norm_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Ca
 @st.composite
 def dropout_residual_layer_norm_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
     """x and residual [..., N] in any layouts and value families of the domain, p, seed."""
-    shape = draw(_shape(DROPOUT_ROW_BLOCKS, limits))
+    shape = draw(_shape(DROPOUT_ROW_BLOCKS, limits, "dropout_residual_layer_norm", dtype))
     n = shape[-1]
     p = draw(st.sampled_from(DROP_PS))
     cap = domain_cap(dtype, n)
@@ -308,7 +308,9 @@ def dropout_matches_reference(case: Case, impl: Implementation) -> None:
                                                       prm["eps"])
     allowed = _dropout_allowed(v["x"], v["residual"], v["weight"], v["bias"], keep, prm["p"], prm["eps"], want,
                                precision(impl, case))
-    assert_close("y", outs["y"], want, allowed, what="y does not match the reference given the returned keep")
+    baseline = parity.baseline_errors(case.op, values["x"].dtype, case, values, outs, {"y": want})
+    parity.assert_close("y", outs["y"], want, allowed, baseline["y"], dtype=values["x"].dtype,
+                        what="y does not match the reference given the returned keep")
 
 
 @st.composite

@@ -123,6 +123,12 @@ _recorder: contextvars.ContextVar[Callable[[Comparison], None] | None] = context
     "recorder", default=None)
 
 
+def current_sink() -> Callable[..., None] | None:
+    """Where comparisons are recorded now (None: not recording); for checks that record
+    more than a Comparison (properties/parity.py adds PyTorch's error)."""
+    return _recorder.get()
+
+
 @contextlib.contextmanager
 def recording(sink: Callable[[Comparison], None]) -> Iterator[None]:
     token = _recorder.set(sink)

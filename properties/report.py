@@ -29,10 +29,13 @@ class Collector:
         self.examples: dict[str, int] = defaultdict(int)  # test id -> examples run
         self.invalid: dict[str, int] = defaultdict(int)  # test id -> of which discarded by assume
         self.refused: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # id -> message -> n
+        self.seconds: dict[str, list[float]] = defaultdict(list)  # test id -> each example's duration, in order
 
-    def count(self, target, invalid: bool = False, refused: bool = False) -> None:
+    def count(self, target, invalid: bool = False, refused: bool = False, seconds: float | None = None) -> None:
         self.examples[target.id] += 1
         self.invalid[target.id] += int(invalid)
+        if seconds is not None:
+            self.seconds[target.id].append(seconds)
 
     def refuse(self, target, message: str) -> None:
         self.refused[target.id][message] += 1
@@ -43,20 +46,26 @@ class Collector:
     def sink(self, target, case):
         from properties import backend
 
-        def record(c):
+        def record(c, parity=None, passed=None):
+            # parity: PyTorch's error on the same input (properties/parity.py); passed: the
+            # verdict under the run's --tolerance mode, when it is not the comparison's own
             self.rows.append({
                 "op": target.op.name, "impl": target.impl.name, "dtype": str(target.dtype).replace("torch.", ""),
                 "backend": backend.current(), "check": target.check.name, "output": c.output,
                 "numel": c.numel, "max_abs": c.max_abs, "max_rel": c.max_rel, "max_ulp": c.max_ulp,
                 "headroom": c.headroom, "allowed_at_worst": c.allowed, "scale": c.scale,
-                "passed": c.ok, "case": case.to_json(), "impl_target": target.impl.target,
+                "passed": c.ok if passed is None else passed, "case": case.to_json(),
+                "impl_target": target.impl.target,
+                "baseline_max_abs": parity.baseline_max_abs if parity is not None else None,
+                "parity_ratio": parity.ratio if parity is not None else None,
             })
         return record
 
     def dump(self, folder: Path, name: str) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{name}.json").write_text(json.dumps({"rows": self.rows, "examples": self.examples,
-                                                           "invalid": self.invalid, "refused": self.refused}))
+                                                           "invalid": self.invalid, "refused": self.refused,
+                                                           "seconds": self.seconds}))
 
 
 def _finite(values):
@@ -85,12 +94,25 @@ def summarise(rows: list[dict]) -> list[dict]:
             "max_headroom": worst["headroom"], "allowed_at_worst": worst["allowed_at_worst"],
             "closest_case": {"check": worst["check"], "impl": worst["impl_target"], "case": worst["case"]},
             "points": [[r["numel"], r["max_rel"], r["headroom"]] for r in rs],
+            "parity_ratio_at_worst": worst.get("parity_ratio"), "baseline_at_worst": worst.get("baseline_max_abs"),
+            **_parity_summary(rs),
         })
     return out
 
 
+def _parity_summary(rows: list[dict]) -> dict:
+    """The largest kernel / PyTorch error ratio over the examples that had a yardstick,
+    with PyTorch's own error on that example (properties/parity.py)."""
+    measured = [r for r in rows if r.get("parity_ratio") is not None]
+    if not measured:
+        return {"max_parity_ratio": None, "baseline_at_max_ratio": None, "parity_examples": 0}
+    top = max(measured, key=lambda r: r["parity_ratio"])
+    return {"max_parity_ratio": top["parity_ratio"], "baseline_at_max_ratio": top["baseline_max_abs"],
+            "parity_examples": len(measured)}
+
+
 def merge(folder: Path) -> dict:
-    rows, examples, invalid = [], defaultdict(int), defaultdict(int)
+    rows, examples, invalid, seconds = [], defaultdict(int), defaultdict(int), {}
     refused: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for part in sorted((folder / "parts").glob("*.json")):
         data = json.loads(part.read_text())
@@ -102,8 +124,21 @@ def merge(folder: Path) -> dict:
         for k, messages in data.get("refused", {}).items():
             for msg, n in messages.items():
                 refused[k][msg] += n
+        seconds.update(data.get("seconds", {}))  # a test runs in one process: its durations are in one part
     return {"rows": rows, "examples": dict(examples), "invalid": dict(invalid),
-            "refused": {k: dict(v) for k, v in refused.items()}}
+            "refused": {k: dict(v) for k, v in refused.items()}, "seconds": seconds}
+
+
+def timings(seconds: dict[str, list[float]]) -> dict[str, dict]:
+    """Per test: the first example's duration (where compilation and autotuning land in a
+    fresh process), the median of the others, and their difference (the compile and
+    autotune estimate)."""
+    out = {}
+    for test, ds in seconds.items():
+        rest = float(np.median(ds[1:])) if len(ds) > 1 else None
+        out[test] = {"examples": len(ds), "first_s": ds[0], "median_rest_s": rest, "total_s": float(sum(ds)),
+                     "compile_s": max(0.0, ds[0] - rest) if rest is not None else None}
+    return out
 
 
 def build(folder: Path, skipped: list[dict], meta: dict, limits: dict | None = None) -> dict:
@@ -118,6 +153,7 @@ def build(folder: Path, skipped: list[dict], meta: dict, limits: dict | None = N
         "refusals_per_test": merged["refused"],
         "limits": limits or {},
         "vacuous_per_test": {},  # filled by the vacuity guard (oracle); kept so readers can rely on the key
+        "timing_per_test": timings(merged["seconds"]),
         "skipped": skipped,
     }
 
@@ -132,12 +168,15 @@ def _fmt(v, spec=".2e"):
 
 def table(report: dict) -> str:
     """The compact table printed at the end of a run."""
-    head = f"{'op':<28} {'impl':<14} {'dtype':<9} {'output':<7} {'n':>5} {'max abs':>9} {'max rel':>9} {'max ulp':>9} {'headroom':>9}"
+    head = (f"{'op':<28} {'impl':<14} {'dtype':<9} {'output':<7} {'n':>5} {'max abs':>9} {'max rel':>9} "
+            f"{'max ulp':>9} {'headroom':>9} {'vs torch':>9}")
     lines = [head, "-" * len(head)]
     for o in report["outputs"]:
         lines.append(f"{o['op']:<28} {o['impl'][:14]:<14} {o['dtype']:<9} {o['output'][:7]:<7} {o['examples']:>5} "
                      f"{_fmt(o['max_abs']):>9} {_fmt(o['max_rel']):>9} {_fmt(o['max_ulp'], '.3g'):>9} "
-                     f"{_fmt(o['max_headroom'], '.3f'):>9}")
+                     f"{_fmt(o['max_headroom'], '.3f'):>9} {_fmt(o.get('parity_ratio_at_worst'), '.3g'):>9}")
+    lines.append("vs torch: the kernel's max |error| / plain PyTorch's in the input dtype on the example closest to "
+                 "failing ('-': PyTorch could not run there); the largest such ratio is in the report")
     return "\n".join(lines)
 
 
@@ -184,17 +223,43 @@ def _examples_line(report: dict) -> str:
             f"(assume), {refused} refused by the implementation; the most discarded: {most}.")
 
 
+def _parity_cell(o: dict) -> str:
+    """'ratio (PyTorch's error)' on the closest case; then the largest ratio over the examples."""
+    if o.get("max_parity_ratio") is None:
+        return "-"
+    at_worst = "-" if o.get("parity_ratio_at_worst") is None else \
+        f"{_fmt(o['parity_ratio_at_worst'], '.3g')} ({_fmt(o.get('baseline_at_worst'))})"
+    return f"{at_worst}; max {_fmt(o['max_parity_ratio'], '.3g')} ({_fmt(o.get('baseline_at_max_ratio'))})"
+
+
+def _slowest_first_examples(report: dict, count: int = 15) -> list[tuple[str, dict]]:
+    t = report.get("timing_per_test", {})
+    return sorted(t.items(), key=lambda kv: -(kv[1]["compile_s"] or 0.0))[:count]
+
+
+def timing_line(report: dict) -> str | None:
+    """The terminal's one line on compile and autotune time."""
+    slow = [(t, v) for t, v in _slowest_first_examples(report, 3) if v["compile_s"]]
+    if not slow:
+        return None
+    return "slowest first examples (compile + autotune): " + ", ".join(
+        f"{t} {v['first_s']:.1f} s (others {v['median_rest_s']:.2f} s)" for t, v in slow)
+
+
 def markdown(report: dict) -> str:
     m = report["meta"]
     lines = ["# Tolerance report", "",
              f"Backend `{m.get('backend')}`, profile `{m.get('profile')}`, device {m.get('device')}, "
-             f"{report['created']}. Headroom is the largest error divided by its allowance (<= 1 passes).", "",
-             "| op | impl | dtype | output | examples | max abs | p99 abs | max rel | max ULP | headroom |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+             f"{report['created']}. Headroom is the largest error divided by its allowance (<= 1 passes). "
+             f"Tolerance mode `{m.get('tolerance', 'derived')}`; vs torch is the ratio of the kernel's max "
+             "|error| to plain PyTorch's in the input dtype on the same input (PyTorch's error in brackets): on "
+             "the example closest to failing, then the largest over the examples.", "",
+             "| op | impl | dtype | output | examples | max abs | p99 abs | max rel | max ULP | headroom | vs torch |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for o in report["outputs"]:
         lines.append(f"| {o['op']} | {o['impl']} | {o['dtype']} | {o['output']} | {o['examples']} | "
                      f"{_fmt(o['max_abs'])} | {_fmt(o['p99_abs'])} | {_fmt(o['max_rel'])} | "
-                     f"{_fmt(o['max_ulp'], '.3g')} | {_fmt(o['max_headroom'], '.3f')} |")
+                     f"{_fmt(o['max_ulp'], '.3g')} | {_fmt(o['max_headroom'], '.3f')} | {_parity_cell(o)} |")
     lines += ["", "## Examples run (Hypothesis)", "", _examples_line(report)]
     rows = discard_rows(report)
     if rows:
@@ -206,6 +271,12 @@ def markdown(report: dict) -> str:
     if report.get("limits"):
         lines += ["", "## Declared limits", "", "| implementation | limits |", "|---|---|"]
         lines += [f"| `{k}` | {v} |" for k, v in sorted(report["limits"].items())]
+    slow = _slowest_first_examples(report)
+    if slow:
+        lines += ["", "## Compile and autotune time (first example vs the median of the others)", "",
+                  "| test | examples | first (s) | median of the others (s) | total (s) |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| `{t}` | {v['examples']} | {v['first_s']:.2f} | {_fmt(v['median_rest_s'], '.3f')} | "
+                  f"{v['total_s']:.1f} |" for t, v in slow]
     if report["skipped"]:
         lines += ["", "## Skipped and expected failures", "", "| test | outcome | reason |", "|---|---|---|"]
         for s in report["skipped"]:
@@ -219,7 +290,8 @@ def html_page(report: dict) -> str:
     rows = "".join(
         f"<tr><td>{esc(o['op'])}</td><td>{esc(o['impl'])}</td><td>{o['dtype']}</td><td>{esc(o['output'])}</td>"
         f"<td>{o['examples']}</td><td>{_fmt(o['max_abs'])}</td><td>{_fmt(o['max_rel'])}</td>"
-        f"<td>{_fmt(o['max_ulp'], '.3g')}</td><td>{_fmt(o['max_headroom'], '.3f')}</td></tr>"
+        f"<td>{_fmt(o['max_ulp'], '.3g')}</td><td>{_fmt(o['max_headroom'], '.3f')}</td>"
+        f"<td>{esc(_parity_cell(o))}</td></tr>"
         for o in report["outputs"])
     data = json.dumps([{"label": f"{o['op']}/{o['impl']}/{o['output']}", "dtype": o["dtype"], "points": o["points"],
                         "headroom": o["max_headroom"] if math.isfinite(o["max_headroom"]) else 1e9}
@@ -231,6 +303,10 @@ def html_page(report: dict) -> str:
                  + (f"<pre>{esc(discard_table(report))}</pre>" if discard_rows(report) else "")
                  + "".join(f"<p>limits of <code>{esc(k)}</code>: {esc(v)}</p>"
                            for k, v in sorted(report.get("limits", {}).items()))) \
+        .replace("{{TIMING}}", "".join(
+            f"<tr><td>{esc(t)}</td><td>{v['examples']}</td><td>{v['first_s']:.2f}</td>"
+            f"<td>{_fmt(v['median_rest_s'], '.3f')}</td><td>{v['total_s']:.1f}</td></tr>"
+            for t, v in _slowest_first_examples(report))) \
         .replace("{{SKIPPED}}", "".join(f"<li><code>{esc(s['test'])}</code> {esc(s['outcome'])}: {esc(s['reason'])}</li>"
                                         for s in report["skipped"]))
 
@@ -260,8 +336,11 @@ canvas{border:1px solid #ddd;margin:8px 16px 8px 0}.legend span{margin-right:14p
 <canvas id="bars" width="900" height="420"></canvas>
 <h2>Relative error against problem size, per dtype</h2><div id="scatter"></div>
 <h2>All outputs</h2><table><tr><th>op</th><th>impl</th><th>dtype</th><th>output</th><th>examples</th>
-<th>max abs</th><th>max rel</th><th>max ULP</th><th>headroom</th></tr>{{ROWS}}</table>
+<th>max abs</th><th>max rel</th><th>max ULP</th><th>headroom</th><th>vs torch (torch's error)</th></tr>{{ROWS}}</table>
 <h2>Examples run (Hypothesis)</h2><div>{{EXAMPLES}}</div>
+<h2>Compile and autotune time (first example vs the median of the others)</h2>
+<table><tr><th>test</th><th>examples</th><th>first (s)</th><th>median of the others (s)</th><th>total (s)</th></tr>
+{{TIMING}}</table>
 <h2>Skipped and expected failures</h2><ul>{{SKIPPED}}</ul>
 <script>
 const data = {{DATA}};

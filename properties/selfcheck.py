@@ -26,7 +26,8 @@ CONTROLS: dict[str, tuple[str, ...]] = {
     "attention": ("controls.attention:sdpa", "controls.attention:naive_torch"),
     "layer_norm": ("controls.norms:torch_layer_norm",),
     "dropout_residual_layer_norm": ("controls.norms:torch_dropout_residual_layer_norm",),
-    "cross_entropy": ("controls.losses:torch_cross_entropy",),
+    "cross_entropy": ("controls.losses:torch_cross_entropy", "controls.losses:stored_gradient_cross_entropy",
+                      "controls.losses:torch_cross_entropy_input_dtype"),
     "rope": ("controls.elementwise:torch_rope",),
     "swiglu": ("controls.elementwise:torch_swiglu",),
     "elu_feature_map": ("controls.linear_attention:torch_elu_feature_map",),
@@ -133,11 +134,12 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
     return Verdict(False, dtype, "")
 
 
-def _child(conn, backend_name: str, size: str, fn, args) -> None:
-    """The body of an isolated child: the parent's backend and size, then ``fn(*args)``."""
+def _child(conn, backend_name: str, size: str, fn, args, tolerance: str = "derived") -> None:
+    """The body of an isolated child: the parent's backend, size and tolerance mode, then ``fn(*args)``."""
     from properties.config import CONFIG
     backend.select(backend_name)  # a spawned child starts with nothing selected
     CONFIG.size = size
+    CONFIG.tolerance = tolerance
     try:
         verdict = fn(*args)
     except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
@@ -164,7 +166,8 @@ def isolated(fn, *args) -> Verdict:
         torch.set_num_threads(1)
     context = multiprocessing.get_context("spawn" if on_cuda else "fork")
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(send, backend.current(), CONFIG.size, fn, args), daemon=True)
+    child = context.Process(target=_child, args=(send, backend.current(), CONFIG.size, fn, args, CONFIG.tolerance),
+                            daemon=True)
     child.start()
     send.close()  # the child holds the only writer: its death reads as EOF here
     try:

@@ -28,7 +28,7 @@ def _domain_cap(dtype: torch.dtype, temperature: float) -> float:
 @st.composite
 def softmax_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
     """Rows of any length (past one block included) under up to two leading dims."""
-    n = draw(limits.size("N", 1, CONFIG.pick(2100, 2**17 + 3), blocks=BLOCKS))
+    n = draw(limits.specialised("softmax", dtype, "N", 1, CONFIG.pick(2100, 2**17 + 3), blocks=BLOCKS))
     max_rows = max(1, min(CONFIG.pick(12, 4096), CONFIG.pick(2**14, 2**20) // n))
     lead = tuple(draw(st.lists(sizes(1, max_rows), max_size=2).filter(lambda d: math.prod(d) <= max_rows)))
     temperature = draw(limits.choice("temperature", TEMPERATURES))

@@ -264,6 +264,18 @@ def cross_entropy_grad(logits: np.ndarray, target: np.ndarray, ignore_index: int
     p - onehot rounds (u |g|), the product with dloss rounds (u |dx|), and the result
     is stored in the logits' dtype (store |dx|, one rounding into its subnormals:
     floor). Ignored rows must be exactly 0.
+
+    Fused kernels (Liger-Kernel's) compute g = p - onehot in the forward and keep it
+    in the logits' dtype; the backward only scales it by dloss: g rounds once in
+    that dtype (store |g| relative, |dx| = dl |g|; into its subnormals, one floor
+    scaled by dl), and the scaled result once more (store |dx|). The old rule allowed
+    the logits' dtype one rounding only, so such a correct kernel failed at 0.76 ulp
+    of float16 (1.05x). PyTorch's own path (``F.cross_entropy`` on float16 or bfloat16
+    logits) keeps log p = (z - m) - log s in the logits' dtype for its backward instead,
+    with log s itself rounded to that dtype on CPU (an fp16 log p off by 0.76 of its
+    ulp was seen): two roundings of |z - lse|, an absolute error 2 store |z - lse| in
+    the exponent, which for small p is 2 store |log p| relative (p = 0.0019 in
+    float16: 6.1 u of dx), a strategy the old rule missed.
     """
     target = np.asarray(target).astype(np.int64)
     finite, _, _, lse, _, _ = _cross_entropy_parts(logits)
@@ -275,12 +287,14 @@ def cross_entropy_grad(logits: np.ndarray, target: np.ndarray, ignore_index: int
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         arg = np.where(finite, logits - lse[:, None], -np.inf)
         e = (cross_entropy_lse_error(logits, p)[:, None]
-             + SAFETY * u * (2 * np.abs(np.where(finite, arg, 0.0)) + EXP_ULPS))
+             + SAFETY * u * (2 * np.abs(np.where(finite, arg, 0.0)) + EXP_ULPS)
+             + 2 * p.store * np.abs(np.where(finite, arg, 0.0)))  # log p kept in the logits' dtype
         p_err = np.minimum(1.0, np.exp(arg + e)) * -np.expm1(-e)
         g = np.exp(arg) - onehot
     dl = np.abs(np.asarray(dloss, dtype=np.float64))[:, None]
     dx = np.where(np.isfinite(dlogits), np.abs(dlogits), 0.0)
-    allowed = dl * (p_err + SAFETY * u * np.abs(g)) + SAFETY * u * dx + p.store * dx + p.floor
+    stored_g = p.store * np.abs(g) + p.floor  # the gradient kept in the logits' dtype
+    allowed = dl * (p_err + SAFETY * u * np.abs(g) + stored_g) + SAFETY * u * dx + p.store * dx + p.floor
     return np.where(ignored[:, None], 0.0, allowed)
 
 
@@ -305,6 +319,8 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, y: np.ndarray, table_d
     the accuracy a user gets from PyTorch, not to the tighter bound its fp32
     arithmetic reaches. Near underflow, each of the two products may round into x's
     subnormals (one floor each) besides the store (one more).
+    The backward (dx from dy) is the transposed rotation of dy by the same tables:
+    nothing is computed in forward and kept in x's dtype, so no second rounding arises.
     """
     u_in = unit_roundoff(p.dtype)
     u_cast = u_in if (table_dtype != p.dtype and p.dtype != torch.float32) else 0.0
@@ -390,7 +406,10 @@ def swiglu_grad(gate: np.ndarray, up: np.ndarray, dy: np.ndarray, dgate: np.ndar
     (dup) to the input dtype: one more u(input) of the result, and its subnormal
     spacing times the other factor. Then the store in the input dtype, and the FTZ
     region of sigmoid and the misread subnormal operands as in :func:`swiglu`
-    (|dt/dgate| <= 1).
+    (|dt/dgate| <= 1). That extra u(input) is also what a fused kernel costs that saves
+    silu(gate) in the input dtype in forward and scales it by dy in backward (two
+    roundings of dup in the input dtype); dgate needs s in fp32, which no such kernel
+    stores in a lower precision.
     """
     u = p.compute
     u_in = unit_roundoff(p.dtype)
@@ -474,12 +493,17 @@ def elu_feature_map_grad(x: np.ndarray, dy: np.ndarray, dx: np.ndarray, p: Preci
 
     exp(x) in fp32 as in the forward (EXP_ULPS u + u |x|, relative), the product dy
     times it (u), the store of dx (u(dtype)); the floor for results near underflow.
+    A kernel may instead save its output y = exp(x) (x <= 0) in the input dtype and
+    scale it by dy in backward (torch's in-place elu backward reads its result the
+    same way): y rounds once in that dtype (u(dtype) |dx| more, one floor into its
+    subnormals scaled by |dy|), the old rule's one rounding would fail it.
     """
     with np.errstate(invalid="ignore", over="ignore"):
         xf = np.where(np.isfinite(x), x, 0.0)
         dxf = np.abs(np.where(np.isfinite(dx), dx, 0.0))
         rel = np.where(xf <= 0, p.compute * (EXP_ULPS + np.abs(xf) + 1), p.compute)
-        return SAFETY * rel * dxf + p.store * dxf + p.floor
+        stored_y = np.where(xf <= 0, p.store * dxf + p.floor * np.abs(dy), 0.0)
+        return SAFETY * rel * dxf + p.store * dxf + stored_y + p.floor
 
 
 def _la_causal_abs_numerator(q: np.ndarray, k: np.ndarray, va: np.ndarray, block: int = 128) -> np.ndarray:
