@@ -28,6 +28,11 @@ def precision(impl: Implementation, case: Case) -> Precision:
     return tolerance.declared_dot(Precision.of(dtype, backend.current(), declared), declared)
 
 
+def rule_name(fn) -> str:
+    """``module.function`` of a tolerance binding, for messages about its allowances."""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
 def run(case: Case, impl: Implementation, values: Mapping[str, Any] | None = None):
     """Materialise ``case`` (unless ``values`` are given), call ``impl``, name its outputs."""
     op = OPS[case.op]
@@ -53,7 +58,7 @@ def matches_reference(case: Case, impl: Implementation) -> None:
     allowed = op.tolerance(case, inputs64, expected, precision(impl, case))
     for name in op.outputs:
         assert_close(name, outs[name], expected[name], allowed[name],
-                     dtype=op.output_dtypes.get(name, getattr(torch, case.dtype)))
+                     dtype=op.output_dtypes.get(name, getattr(torch, case.dtype)), rule=rule_name(op.tolerance))
 
 
 def with_upstream(op: OpSpec, dtype: torch.dtype) -> st.SearchStrategy[Case]:
@@ -118,7 +123,8 @@ def gradients_match_reference(case: Case, impl: Implementation, in_domain=None, 
     for name in op.grad_inputs:
         if grads[name].dtype != values[name].dtype:
             raise AssertionError(f"gradient of {name!r} has dtype {grads[name].dtype}, input has {values[name].dtype}")
-        assert_close(f"d{name}", grads[name], np_grads[name], allowed[f"d{name}"], dtype=values[name].dtype)
+        assert_close(f"d{name}", grads[name], np_grads[name], allowed[f"d{name}"], dtype=values[name].dtype,
+                     rule=rule_name(op.grad_tolerance))
 
 
 def _whole_storage(t: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class Collector:
@@ -28,6 +28,8 @@ class Collector:
         self.rows: list[dict] = []
         self.examples: dict[str, int] = defaultdict(int)  # test id -> examples run
         self.invalid: dict[str, int] = defaultdict(int)  # test id -> of which discarded by assume
+        # test id -> output -> [examples that compared it, of which mostly vacuous]
+        self.vacuity: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
 
     def count(self, target, invalid: bool = False) -> None:
         self.examples[target.id] += 1
@@ -37,12 +39,16 @@ class Collector:
         from properties import backend
 
         def record(c):
+            tally = self.vacuity[target.id][c.output]
+            tally[0] += 1
+            tally[1] += int(c.mostly_vacuous)
             self.rows.append({
                 "op": target.op.name, "impl": target.impl.name, "dtype": str(target.dtype).replace("torch.", ""),
                 "backend": backend.current(), "check": target.check.name, "output": c.output,
                 "numel": c.numel, "max_abs": c.max_abs, "max_rel": c.max_rel, "max_ulp": c.max_ulp,
                 "headroom": c.headroom, "allowed_at_worst": c.allowed, "scale": c.scale,
                 "passed": c.ok, "case": case.to_json(), "impl_target": target.impl.target,
+                "counted": c.counted, "vacuous": c.vacuous, "mostly_vacuous": c.mostly_vacuous,
             })
         return record
 
@@ -75,6 +81,8 @@ def summarise(rows: list[dict]) -> list[dict]:
             "max_abs": max(r["max_abs"] for r in rs), "p99_abs": _pct([r["max_abs"] for r in rs], 99),
             "max_rel": max(r["max_rel"] for r in rs), "p99_rel": _pct([r["max_rel"] for r in rs], 99),
             "max_ulp": max(r["max_ulp"] for r in rs), "p99_ulp": _pct([r["max_ulp"] for r in rs], 99),
+            "vacuous": sum(r["vacuous"] for r in rs), "counted": sum(r["counted"] for r in rs),
+            "vacuous_examples": sum(r["mostly_vacuous"] for r in rs),
             "max_headroom": worst["headroom"], "allowed_at_worst": worst["allowed_at_worst"],
             "closest_case": {"check": worst["check"], "impl": worst["impl_target"], "case": worst["case"]},
             "points": [[r["numel"], r["max_rel"], r["headroom"]] for r in rs],
@@ -117,13 +125,29 @@ def _fmt(v, spec=".2e"):
 
 def table(report: dict) -> str:
     """The compact table printed at the end of a run."""
-    head = f"{'op':<28} {'impl':<14} {'dtype':<9} {'output':<7} {'n':>5} {'max abs':>9} {'max rel':>9} {'max ulp':>9} {'headroom':>9}"
+    head = (f"{'op':<28} {'impl':<14} {'dtype':<9} {'output':<7} {'n':>5} {'max abs':>9} {'max rel':>9} "
+            f"{'max ulp':>9} {'headroom':>9} {'vacuous':>11}")
     lines = [head, "-" * len(head)]
     for o in report["outputs"]:
         lines.append(f"{o['op']:<28} {o['impl'][:14]:<14} {o['dtype']:<9} {o['output'][:7]:<7} {o['examples']:>5} "
                      f"{_fmt(o['max_abs']):>9} {_fmt(o['max_rel']):>9} {_fmt(o['max_ulp'], '.3g'):>9} "
-                     f"{_fmt(o['max_headroom'], '.3f'):>9}")
+                     f"{_fmt(o['max_headroom'], '.3f'):>9} {_vacuous(o):>11}")
     return "\n".join(lines)
+
+
+def _vacuous(o: dict) -> str:
+    """Vacuous elements, and (after the slash) examples in which most elements were."""
+    return f"{o['vacuous']}/{o['vacuous_examples']}"
+
+
+def _vacuity_line(report: dict) -> str:
+    bad = [o for o in report["outputs"] if o["vacuous"]]
+    if not bad:
+        return "No vacuous elements: every counted allowance stayed below |expected|."
+    listed = "; ".join(f"{o['op']}/{o['impl']}/{o['dtype']}/{o['output']}: {o['vacuous']} of {o['counted']} "
+                       f"elements, {o['vacuous_examples']} of {o['examples']} examples" for o in bad)
+    return (f"Vacuous elements (allowance >= |expected|: an output of 0 would have passed there), "
+            f"per output: {listed}.")
 
 
 def _examples_line(report: dict) -> str:
@@ -139,13 +163,16 @@ def markdown(report: dict) -> str:
     m = report["meta"]
     lines = ["# Tolerance report", "",
              f"Backend `{m.get('backend')}`, profile `{m.get('profile')}`, device {m.get('device')}, "
-             f"{report['created']}. Headroom is the largest error divided by its allowance (<= 1 passes).", "",
-             "| op | impl | dtype | output | examples | max abs | p99 abs | max rel | max ULP | headroom |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+             f"{report['created']}. Headroom is the largest error divided by its allowance (<= 1 passes). "
+             "Vacuous: elements whose allowance reached |expected| (0 would have passed) / examples in "
+             "which most elements did.", "",
+             "| op | impl | dtype | output | examples | max abs | p99 abs | max rel | max ULP | headroom | vacuous |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for o in report["outputs"]:
         lines.append(f"| {o['op']} | {o['impl']} | {o['dtype']} | {o['output']} | {o['examples']} | "
                      f"{_fmt(o['max_abs'])} | {_fmt(o['p99_abs'])} | {_fmt(o['max_rel'])} | "
-                     f"{_fmt(o['max_ulp'], '.3g')} | {_fmt(o['max_headroom'], '.3f')} |")
+                     f"{_fmt(o['max_ulp'], '.3g')} | {_fmt(o['max_headroom'], '.3f')} | {_vacuous(o)} |")
+    lines += ["", "## Vacuous elements", "", _vacuity_line(report)]
     lines += ["", "## Examples run (Hypothesis)", "", _examples_line(report)]
     if report["skipped"]:
         lines += ["", "## Skipped and expected failures", "", "| test | outcome | reason |", "|---|---|---|"]
@@ -160,7 +187,7 @@ def html_page(report: dict) -> str:
     rows = "".join(
         f"<tr><td>{esc(o['op'])}</td><td>{esc(o['impl'])}</td><td>{o['dtype']}</td><td>{esc(o['output'])}</td>"
         f"<td>{o['examples']}</td><td>{_fmt(o['max_abs'])}</td><td>{_fmt(o['max_rel'])}</td>"
-        f"<td>{_fmt(o['max_ulp'], '.3g')}</td><td>{_fmt(o['max_headroom'], '.3f')}</td></tr>"
+        f"<td>{_fmt(o['max_ulp'], '.3g')}</td><td>{_fmt(o['max_headroom'], '.3f')}</td><td>{_vacuous(o)}</td></tr>"
         for o in report["outputs"])
     data = json.dumps([{"label": f"{o['op']}/{o['impl']}/{o['output']}", "dtype": o["dtype"], "points": o["points"],
                         "headroom": o["max_headroom"] if math.isfinite(o["max_headroom"]) else 1e9}
@@ -169,6 +196,7 @@ def html_page(report: dict) -> str:
     return _HTML.replace("{{TITLE}}", esc(f"Tolerance report: {m.get('backend')}, {m.get('device')}")) \
         .replace("{{META}}", esc(json.dumps(m))).replace("{{ROWS}}", rows).replace("{{DATA}}", data) \
         .replace("{{EXAMPLES}}", esc(_examples_line(report)).replace("`", "")) \
+        .replace("{{VACUITY}}", esc(_vacuity_line(report))) \
         .replace("{{SKIPPED}}", "".join(f"<li><code>{esc(s['test'])}</code> {esc(s['outcome'])}: {esc(s['reason'])}</li>"
                                         for s in report["skipped"]))
 
@@ -198,7 +226,8 @@ canvas{border:1px solid #ddd;margin:8px 16px 8px 0}.legend span{margin-right:14p
 <canvas id="bars" width="900" height="420"></canvas>
 <h2>Relative error against problem size, per dtype</h2><div id="scatter"></div>
 <h2>All outputs</h2><table><tr><th>op</th><th>impl</th><th>dtype</th><th>output</th><th>examples</th>
-<th>max abs</th><th>max rel</th><th>max ULP</th><th>headroom</th></tr>{{ROWS}}</table>
+<th>max abs</th><th>max rel</th><th>max ULP</th><th>headroom</th><th>vacuous</th></tr>{{ROWS}}</table>
+<h2>Vacuous elements</h2><p>{{VACUITY}}</p>
 <h2>Examples run (Hypothesis)</h2><p>{{EXAMPLES}}</p>
 <h2>Skipped and expected failures</h2><ul>{{SKIPPED}}</ul>
 <script>

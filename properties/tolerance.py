@@ -53,6 +53,14 @@ def unit_roundoff(dtype: torch.dtype) -> float:
         raise ValueError(f"no unit roundoff known for {dtype}") from None
 
 
+def underflow_floor(dtype: torch.dtype) -> float:
+    """Absolute error allowed for a result near underflow: the spacing of the dtype's
+    subnormals, or fp32's smallest normal number (an fp32 intermediate that GPU math
+    may flush to zero), whichever is larger (module docstring)."""
+    info = torch.finfo(dtype)
+    return max(float(info.tiny) * float(info.eps), float(torch.finfo(torch.float32).tiny))
+
+
 def sum_error(n: int | np.ndarray, u: float = U32):
     """Relative error bound of a sum of ``n`` same-sign terms (see the module docstring)."""
     n = np.maximum(n, 1)
@@ -83,9 +91,7 @@ class Precision:
         if dtype == torch.float32 and backend == "cuda" and fp32_dot_precision != "ieee":
             # Triton's default on NVIDIA: tf32 for fp32 tl.dot (an undeclared kernel is assumed to use it).
             dot = 2 * U_TF32
-        info = torch.finfo(dtype)
-        floor = max(float(info.tiny) * float(info.eps), float(torch.finfo(torch.float32).tiny))
-        return cls(dtype=dtype, backend=backend, store=store, compute=U32, dot=dot, floor=floor)
+        return cls(dtype=dtype, backend=backend, store=store, compute=U32, dot=dot, floor=underflow_floor(dtype))
 
 
 # ---------------------------------------------------------------------------- softmax

@@ -1,0 +1,80 @@
+"""The oracle's guards: allowances must be finite and >= 0, a NaN result never passes,
+and elements whose allowance would accept 0 are counted (and fail a test where they
+dominate)."""
+import numpy as np
+import pytest
+import torch
+
+from properties import harness, registry, report
+from properties.oracle import InvalidAllowance, compare
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -1e-3])
+def test_an_allowance_that_is_not_a_finite_number_at_least_zero_is_a_suite_bug(bad):
+    with pytest.raises(InvalidAllowance) as info:
+        compare("y", torch.tensor([1.0, 2.0]), np.array([1.0, 2.0]), np.array([0.1, bad]), rule="rules.some_rule")
+    text = str(info.value)
+    assert "'y'" in text and "rules.some_rule" in text and "index [1]" in text
+
+
+def test_an_infinite_allowance_does_not_let_an_infinite_output_pass():
+    # inf / inf is NaN, and NaN > 1 is false: this passed before the guard
+    with pytest.raises(InvalidAllowance):
+        compare("y", torch.tensor([float("inf")]), np.array([1.0]), np.array([np.inf]))
+
+
+def test_an_allowance_where_the_reference_is_not_finite_is_not_checked():
+    c = compare("y", torch.tensor([float("nan"), 1.0]), np.array([np.nan, 1.0]), np.array([np.nan, 0.0]))
+    assert c.ok
+
+
+@pytest.mark.parametrize("got", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_output_against_a_finite_reference_fails(got):
+    c = compare("y", torch.tensor([got, 1.0]), np.array([1.0, 1.0]), np.array([1e30, 0.0]))
+    assert not c.ok and c.violations == 1
+
+
+def test_vacuous_elements_are_counted_as_defined():
+    e = np.array([1.0, 0.5, 0.0, 1e-40, 1e-9, 0.25, -0.5])
+    allowed = np.array([1.0, 0.1, 1.0, 1.0, 1.0, 0.3, 0.6])
+    c = compare("y", torch.zeros(7), e, allowed, dtype=torch.float32)
+    # 0.0 (exact zero), 1e-40 (below the fp32 underflow floor) and 1e-9 (below
+    # u(fp32) * max|expected| = 6e-8) are not counted; of the other four, 1.0 (allowed
+    # 1.0), 0.25 (0.3) and -0.5 (0.6) would accept 0, 0.5 (0.1) would not.
+    assert (c.counted, c.vacuous) == (4, 3) and c.mostly_vacuous
+    c = compare("y", torch.tensor(e), e, np.full(7, 1e-3), dtype=torch.float32)
+    assert (c.counted, c.vacuous, c.mostly_vacuous) == (4, 0, False)
+
+
+def test_integer_outputs_count_nothing():
+    c = compare("keep", torch.tensor([True, False]), np.array([1.0, 0.0]), 0.0, dtype=torch.bool)
+    assert c.ok and (c.counted, c.vacuous) == (0, 0)
+
+
+def _target(check_name: str = "matches_reference") -> harness.Target:
+    op = registry.load()["softmax"]
+    impl = registry.implementations("softmax")[0]
+    return harness.Target(op, impl, torch.float32, next(c for c in op.checks if c.name == check_name))
+
+
+def test_a_test_whose_examples_are_mostly_vacuous_fails_naming_output_and_rule(monkeypatch):
+    collector = report.Collector()
+    monkeypatch.setattr(harness, "_collector", collector)
+    target = _target()
+    case = None
+
+    class _Case:
+        def to_json(self):
+            return {}
+
+    case = _Case()
+    sink = collector.sink(target, case)
+    vacuous = compare("y", torch.zeros(1), np.array([1.0]), np.array([1.0]))
+    fine = compare("y", torch.ones(1), np.array([1.0]), np.array([1e-6]))
+    sink(vacuous)
+    sink(fine)
+    assert harness.vacuity_failure(target) is None  # 1 of 2: not most
+    sink(vacuous)
+    problem = harness.vacuity_failure(target)
+    assert problem and "output 'y'" in problem and "2 of 3 examples" in problem
+    assert "properties.softmax.softmax_tolerance" in problem
