@@ -99,31 +99,60 @@ class Precision:
 def softmax_exponent_error(x: np.ndarray, temperature: float, p: Precision) -> tuple[np.ndarray, np.ndarray]:
     """Bound E_i on the error of log y_i, and the exact log y_i, for y = softmax(x / T).
 
-    z_i = x_i / T rounds: in fp32 inside a kernel, but ``torch.softmax(x / t)``, the
-    way users write it, rounds z in the input dtype, so for T != 1 the rule allows
-    u(input) |z_i| for z_i and u(input) sum_j y_j |z_j| (at least u |m|) through the
-    normaliser log sum_j e^{z_j}: with a max of 0 and 61 equal z_j = -5.9 holding 15% of
-    the weight, the latter is what moved torch.softmax(x / 0.1) in fp16 by 2.5 ulp on an
-    H100; for T == 1 the division is exact.
-    z_i - m rounds (u |z_i - m|); exp adds EXP_ULPS u plus u |z_i - m| from the
-    log2(e) scaling; the sum s of n positive terms adds sum_error(n); the division
-    adds u. Each is an error in log y_i. Entries that are -inf are exactly 0 and drop
-    out of n (a separate, exact check covers them).
+    log y_i = (z_i - m) - log s, z = x / T, m = max_j z_j, s = sum_j e^{z_j - m}. The
+    error of element i's own term z_i - m (its *own* error o_i), then the error of the
+    normaliser log s, which is the weighted effect of every element's own error:
+
+    * x is exact: it is the input, already in its dtype. For T == 1, z = x exactly.
+      For T != 1, z_i = x_i / T rounds: in fp32 inside a kernel, but in the input
+      dtype in ``torch.softmax(x / t)``, the way users write it, so by u(input) |z_i|.
+      Rounding is monotone, so the max stays the max and z_m - m = 0 exactly for the
+      max element whatever the rounding; any other element's z_i - m moves by
+      u(input) (|z_i| + |m|).
+    * z_i - m rounds (u |z_i - m|); exp adds EXP_ULPS u plus u |z_i - m| from the
+      log2(e) scaling on GPUs: o_i = u(input) (|z_i| + |m|) [i not the max] +
+      u (2 |z_i - m| + EXP_ULPS).
+    * The normaliser: with every term j off by a factor within e^{+-o_j}, log s moves by
+      at most log sum_j y_j e^{o_j} (y_j the exact softmax weights; the other side,
+      -log sum_j y_j e^{-o_j}, is smaller by convexity). Not linearised: a bf16 rounding
+      of x / T can tie a small logit with the max and multiply its weight by e^{o_j},
+      which only the exact form follows. An online pass rescales partial sums by
+      e^{m_lane - m}, an exponent no larger than |z_j - m| for the terms it carries: the
+      same 2 u |z_j - m| per term. The sum of n positive terms adds sum_error(n), the
+      division y = e / s adds u. SAFETY applies to every o_j, inside the normaliser too.
+
+    Entries that are -inf are exactly 0 and drop out of n (a separate, exact check
+    covers them). An implementation that scales by log2(e) before subtracting the max
+    (exp2(x log2e - m log2e)) rounds x log2e by u |z| and so is off by u (|z_i| + |m|)
+    where ``torch.softmax`` is off by u |z_i - m|; the rule holds kernels to the latter.
+
+    Why the old rule was wrong: it charged u (|z_i| + |m|) to every element whatever T
+    and whichever element, and u(input) |m| to every element through the normaliser.
+    For T == 1 nothing rounds there, and for the max element z_m - m = 0 exactly; with
+    logits near fp32's max those terms reached 1e31, so the top entry's allowance was
+    ~1 and an all-zero output passed (x = [3e38, -3e38, 1e38] in fp32: allowed 1.00000006
+    for an expected 1). The normaliser now weighs each element's own error by its
+    weight y_j, so a dominant max element contributes only its own small error.
     """
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         z = x / temperature
         finite = np.isfinite(z)
         zf = np.where(finite, z, 0.0)
         m = np.max(np.where(finite, z, -np.inf), axis=-1, keepdims=True)
         m = np.where(np.isfinite(m), m, 0.0)
-        log_y = np.where(finite, zf - m, -np.inf) - np.log(np.sum(np.where(finite, np.exp(zf - m), 0.0),
-                                                                   axis=-1, keepdims=True))
-    n = finite.sum(axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore", over="ignore"):
-        weighted = np.sum(np.where(finite, np.exp(log_y) * np.abs(zf), 0.0), axis=-1, keepdims=True)
-    divide = (unit_roundoff(p.dtype) if temperature != 1 else 0.0) * (np.abs(zf) + np.maximum(np.abs(m), weighted))
-    exponent = np.abs(zf) + np.abs(m) + 2 * np.abs(zf - m)
-    err = SAFETY * (divide + p.compute * (exponent + EXP_ULPS + 1) + sum_error(n, p.compute))
+        d = zf - m
+        log_y = np.where(finite, d, -np.inf) - np.log(np.sum(np.where(finite, np.exp(d), 0.0),
+                                                             axis=-1, keepdims=True))
+        n = finite.sum(axis=-1, keepdims=True)
+        u_div = unit_roundoff(p.dtype) if temperature != 1 else 0.0
+        not_max = finite & (zf != m)
+        own = SAFETY * (np.where(not_max, u_div * (np.abs(zf) + np.abs(m)), 0.0)
+                        + p.compute * (2 * np.abs(d) + EXP_ULPS))
+        own = np.where(finite, own, 0.0)
+        # y_j (e^{o_j} - 1), without 0 * inf for entries whose weight underflows
+        grow = np.where(own < 50, np.exp(log_y) * np.expm1(np.minimum(own, 50.0)), np.exp(log_y + own))
+        normaliser = np.log1p(np.sum(np.where(finite, grow, 0.0), axis=-1, keepdims=True))
+    err = own + normaliser + SAFETY * (p.compute + sum_error(n, p.compute))
     return err, log_y
 
 

@@ -1,12 +1,16 @@
 """The oracle's guards: allowances must be finite and >= 0, a NaN result never passes,
 and elements whose allowance would accept 0 are counted (and fail a test where they
-dominate)."""
+dominate). Also the softmax rule, which used to be vacuous at large logits."""
 import numpy as np
 import pytest
 import torch
 
-from properties import harness, registry, report
+from properties import harness, registry, report, tolerance
 from properties.oracle import InvalidAllowance, compare
+from properties.tolerance import Precision
+from references import softmax as softmax_ref
+
+BACKENDS = ("interpret", "cuda")
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -1e-3])
@@ -46,6 +50,14 @@ def test_vacuous_elements_are_counted_as_defined():
     assert (c.counted, c.vacuous, c.mostly_vacuous) == (4, 0, False)
 
 
+def test_an_expected_value_that_is_zero_within_the_references_error_is_not_counted():
+    # a constant upstream gradient: the exact softmax gradient is 0, the fp64 reference
+    # leaves ~1e-17 noise, and an allowance of u(fp32)-size would "accept 0" there
+    e = np.array([3e-17, -2e-17, 1e-17])
+    c = compare("dx", torch.zeros(3), e, np.full(3, 1e-7), dtype=torch.float32)
+    assert c.ok and (c.counted, c.vacuous) == (0, 0)
+
+
 def test_integer_outputs_count_nothing():
     c = compare("keep", torch.tensor([True, False]), np.array([1.0, 0.0]), 0.0, dtype=torch.bool)
     assert c.ok and (c.counted, c.vacuous) == (0, 0)
@@ -78,3 +90,44 @@ def test_a_test_whose_examples_are_mostly_vacuous_fails_naming_output_and_rule(m
     problem = harness.vacuity_failure(target)
     assert problem and "output 'y'" in problem and "2 of 3 examples" in problem
     assert "properties.softmax.softmax_tolerance" in problem
+
+
+# ----------------------------------------------------------------- softmax, large logits
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_softmax_zero_output_fails_for_logits_near_the_fp32_max(backend):
+    x = np.array([[3e38, -3e38, 1e38]])
+    y = softmax_ref.softmax(x, 1.0)
+    allowed = tolerance.softmax(x, y, 1.0, Precision.of(torch.float32, backend))
+    assert allowed[0, 0] < 1e-5  # was 1.00000006
+    assert not compare("y", torch.zeros(1, 3), y, allowed).ok
+    assert compare("y", torch.tensor([[1.0, 0.0, 0.0]]), y, allowed).ok
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 0.1])
+def test_softmax_top_entry_allowance_is_small_for_huge_logits_at_any_temperature(dtype, temperature):
+    cap = float(torch.finfo(dtype).max) * min(temperature, 1.0) / 2
+    x = torch.tensor([[cap, -cap, cap / 3, 0.0]], dtype=dtype).double().numpy()
+    y = softmax_ref.softmax(x, temperature)
+    for backend in BACKENDS:
+        p = Precision.of(dtype, backend)
+        allowed = tolerance.softmax(x, y, temperature, p)
+        assert allowed[0, 0] < 1e-5 + p.store  # the store's rounding and little else
+        assert np.all(np.isfinite(allowed)) and np.all(allowed >= 0)
+
+
+def test_softmax_fp64_torch_reference_keeps_ties_near_the_fp32_max():
+    # exp(z - logsumexp(z)) rounded z - lse by 1e22 here and gave [1, 1]
+    x = torch.tensor([[1.6881195546468432e38, 1.6881195546468432e38, -1.0]], dtype=torch.float64)
+    assert torch.allclose(softmax_ref.softmax_torch(x), torch.tensor([[0.5, 0.5, 0.0]], dtype=torch.float64))
+
+
+def test_softmax_rounding_of_x_over_t_still_covers_a_near_tie():
+    # bf16 x / 0.1 rounds 98.75 and 100 by up to 0.25: the second entry's weight is
+    # then uncertain by e^0.5, and the rule must follow it (torch.softmax(x / t) in bf16)
+    x = torch.tensor([[10.0, 9.875, -3.0]], dtype=torch.bfloat16).double().numpy()
+    y = softmax_ref.softmax(x, 0.1)
+    got = torch.softmax(torch.from_numpy(x).to(torch.bfloat16) / 0.1, dim=-1)
+    allowed = tolerance.softmax(x, y, 0.1, Precision.of(torch.bfloat16, "interpret"))
+    assert compare("y", got, y, allowed).ok
