@@ -918,11 +918,35 @@ def layer_norm_grad(x: np.ndarray, weight: np.ndarray, dy: np.ndarray, dx: np.nd
     rstd eta |c1|; for rows of std > ~1e12 their b underflows into fp32 subnormals (an
     absolute error of the fp32 subnormal spacing, times |x| + |mean|).
     dweight: each row's term errs by |dy| (eta + u |x_hat|), and the sum over the M
-    rows adds sum_error(M) sum|dy x_hat|; dbias: sum_error(M) sum|dy|. These sums over
-    rows take the unit roundoff of the input dtype (torch accumulates them in
-    fp16/bf16: a bf16 dbias of 3 rows was seen 3.5 ulp off), and each of the M partial
-    sums may round in the dtype's subnormal range: M p.floor. SAFETY on each bound;
-    the store costs u(out) |result|; p.floor (dx: also a flushed w dy, times rstd).
+    rows adds R sum|dy x_hat|; dbias: R sum|dy|, R the relative error of a sum over rows.
+
+    * The part of eta that comes from statistics saved in the input dtype is one
+      rounding per row. Summed over rows, the mean of those roundings acts on every row
+      alike (u(out) |sum dy x_hat| + u(out) |sum dy rstd mean|) and the rest is a sum of
+      independent errors, at most SUM_LAMBDA sqrt(sum_r t_r^2) as in sum_error (or
+      sum_r |t_r|, whichever is smaller).
+    * R: a kernel that keeps the contract accumulates the rows in fp32 and stores once:
+      R = sum_error(M). torch's CPU backward for fp16/bf16 instead keeps one running sum
+      per thread in the input dtype (a bf16 dbias of 3 rows was seen 3.5 ulp off; 300
+      rows of dy = 1 give 256, 20000 give 263: a running sum stalls once its spacing
+      exceeds twice the term). A running sum of M terms rounded to the dtype errs by up
+      to M u(dtype) sum|terms| (Higham eq. 4.4, first order; stalling makes the errors
+      lean one way, so no sqrt(M)), and each of its partial sums may round in the
+      dtype's subnormal range (M p.floor). The rule admits that accumulation (R the
+      larger of M u(dtype) and sum_error(M, u(dtype))) only while SAFETY R <= 1/2, i.e.
+      up to 64 rows in bf16 and 512 in fp16; past that an input-dtype accumulation
+      keeps no correct digit a check could hold it to, and every implementation is held
+      to fp32 accumulation.
+
+    SAFETY on each bound; the store costs u(out) |result|; p.floor (dx: also a flushed
+    w dy, times rstd).
+
+    Why the old rule was wrong: it took R = sum_error(M, u(dtype)) at any M, a bound that
+    reaches sum|dy| (SAFETY included) from about 560 rows on in bf16, where a zero
+    dweight or dbias passed; the sqrt(M) part of it does not even hold for a running
+    sum that stalls. And it summed the saved statistics' per-row roundings as worst
+    cases, sum_r |t_r|, which grows as M where a random-sign dweight grows as sqrt(M):
+    that too reached |dweight| at a few hundred bf16 rows.
     """
     u = p.compute
     eta, eps_r, r, xhat = layer_norm_xhat(x, eps, p)
@@ -932,7 +956,9 @@ def layer_norm_grad(x: np.ndarray, weight: np.ndarray, dy: np.ndarray, dx: np.nd
     # std > 1.6e4) rounds to the subnormal spacing instead: an absolute error `sub`.
     mu = x.mean(axis=-1, keepdims=True)
     sub = float(torch.finfo(p.dtype).tiny) * float(torch.finfo(p.dtype).eps)
-    eta = eta + p.store * (r * np.abs(mu) + np.abs(xhat)) + sub * (r + np.abs(xhat) / r)
+    eta = eta + sub * (r + np.abs(xhat) / r)
+    saved = p.store * (r * np.abs(mu) + np.abs(xhat))  # from statistics saved in the input dtype
+    eta_fp32, eta = eta, eta + saved
     eps_r = eps_r + p.store + sub / r
     n = x.shape[-1]
     g = weight * dy
@@ -952,15 +978,27 @@ def layer_norm_grad(x: np.ndarray, weight: np.ndarray, dy: np.ndarray, dx: np.nd
     rows = int(np.prod(x.shape[:-1]))
     flat = lambda a: np.broadcast_to(a, x.shape).reshape(rows, n)  # noqa: E731
     ady = np.abs(flat(dy))
-    # The sums over rows may run in the input dtype (torch's CPU backward for fp16/bf16).
-    u_rows = max(u, unit_roundoff(p.dtype))
-    dw_bound = np.sum(ady * (flat(eta) + u * np.abs(flat(xhat))), axis=0) + sum_error(rows, u_rows) * np.sum(
-        np.abs(flat(dy * xhat)), axis=0)
-    db_bound = sum_error(rows, u_rows) * np.sum(ady, axis=0)
+    # The sums over rows: in fp32, or in the input dtype while that stays checkable (docstring).
+    u_in = unit_roundoff(p.dtype)
+    in_dtype = max(rows * u_in, float(sum_error(rows, u_in)))
+    admitted = u_in > u and SAFETY * in_dtype <= 0.5
+    r_rows = in_dtype if admitted else sum_error(rows, u)
+    # near underflow: every partial sum rounds in the dtype's subnormals (input-dtype
+    # sums), or fp32 partials flush below fp32's smallest normal (FTZ) and the store rounds once
+    rows_floor = rows * p.floor if admitted else p.floor + rows * float(torch.finfo(torch.float32).tiny)
+    # The saved statistics' roundings, one per row, summed over rows: their mean acts on
+    # every row alike (p.store |sum dy x_hat| + p.store |sum dy rstd mean|); what is left
+    # is a sum of independent errors, at most SUM_LAMBDA sqrt(sum t^2) (as sum_error).
+    t_saved = ady * flat(saved)
+    saved_rows = (np.minimum(np.sum(t_saved, axis=0), SUM_LAMBDA * np.sqrt(np.sum(t_saved**2, axis=0)))
+                  + p.store * (np.abs(np.sum(flat(dy * xhat), axis=0)) + np.abs(np.sum(flat(dy * r * mu), axis=0))))
+    dw_bound = (np.sum(ady * (flat(eta_fp32) + u * np.abs(flat(xhat))), axis=0) + saved_rows
+                + r_rows * np.sum(np.abs(flat(dy * xhat)), axis=0))
+    db_bound = r_rows * np.sum(ady, axis=0)
     return {
         "dx": SAFETY * dx_bound + p.store * np.abs(dx) + p.floor * (1 + r * np.abs(weight)),
-        "dweight": SAFETY * dw_bound + p.store * np.abs(dweight) + rows * p.floor,
-        "dbias": SAFETY * db_bound + p.store * np.abs(dbias) + rows * p.floor,
+        "dweight": SAFETY * dw_bound + p.store * np.abs(dweight) + rows_floor,
+        "dbias": SAFETY * db_bound + p.store * np.abs(dbias) + rows_floor,
     }
 
 

@@ -1,6 +1,7 @@
 """The oracle's guards: allowances must be finite and >= 0, a NaN result never passes,
 and elements whose allowance would accept 0 are counted (and fail a test where they
-dominate). Also the softmax rule, which used to be vacuous at large logits."""
+dominate). Also the two rules that used to be vacuous (softmax at large logits, the
+bf16 sums over rows of layer_norm's dweight/dbias)."""
 import numpy as np
 import pytest
 import torch
@@ -131,3 +132,40 @@ def test_softmax_rounding_of_x_over_t_still_covers_a_near_tie():
     got = torch.softmax(torch.from_numpy(x).to(torch.bfloat16) / 0.1, dim=-1)
     allowed = tolerance.softmax(x, y, 0.1, Precision.of(torch.bfloat16, "interpret"))
     assert compare("y", got, y, allowed).ok
+
+
+# ----------------------------------------------------- layer_norm, bf16 sums over rows
+
+def _layer_norm_grads(rows: int, n: int, dtype: torch.dtype):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, n, generator=gen).to(dtype).double().requires_grad_(True)
+    w = torch.randn(n, generator=gen).to(dtype).double().requires_grad_(True)
+    b = torch.randn(n, generator=gen).to(dtype).double().requires_grad_(True)
+    dy = torch.rand(rows, n, generator=gen).to(dtype).double()
+    y = torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5)
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), dy)
+    return [t.detach().numpy() for t in (x, w, dy, dx, dw, db)]
+
+
+@pytest.mark.parametrize("rows", [600, 4096])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_layer_norm_bf16_parameter_gradients_of_a_large_batch_cannot_be_zero(rows, backend):
+    x, w, dy, dx, dw, db = _layer_norm_grads(rows, 8, torch.bfloat16)
+    allowed = tolerance.layer_norm_grad(x, w, dy, dx, dw, db, 1e-5, Precision.of(torch.bfloat16, backend))
+    for name, exact in (("dweight", dw), ("dbias", db)):
+        c = compare(name, torch.zeros(exact.shape), exact, allowed[name], dtype=torch.bfloat16)
+        assert not c.ok and c.vacuous == 0, (name, c)
+
+
+def test_layer_norm_admits_input_dtype_row_sums_only_while_they_stay_checkable():
+    p = Precision.of(torch.bfloat16, "cuda")
+    small = _layer_norm_grads(64, 8, torch.bfloat16)
+    large = _layer_norm_grads(65, 8, torch.bfloat16)
+    a_small = tolerance.layer_norm_grad(*small, 1e-5, p)["dbias"]
+    a_large = tolerance.layer_norm_grad(*large, 1e-5, p)["dbias"]
+    sum_small = np.abs(small[2]).sum(axis=0)
+    sum_large = np.abs(large[2]).sum(axis=0)
+    # at 64 rows a bf16 running sum is admitted: SAFETY * 64 u(bf16) = 1/2 of sum|dy|
+    assert np.all(a_small >= 0.5 * sum_small) and np.all(a_small < sum_small)
+    # at 65 rows only fp32 accumulation is: a small fraction of sum|dy|
+    assert np.all(a_large < 0.05 * sum_large)
