@@ -134,7 +134,7 @@ def pytest_runtest_call(item):
         from properties import harness
         problem = harness.vacuity_failure(target)
         if problem:
-            raise AssertionError(problem)
+            pytest.fail(problem, pytrace=False)
     return result
 
 
