@@ -117,6 +117,29 @@ assumes_contiguous_rows = mutant(
     kills=("matches_reference", "gradients_match_reference"),
 )
 
+bf16_large_batch_param_grads_zeroed = mutant(
+    "layer_norm", _k,
+    [("            _layer_norm_bwd_dwdb_kernel[(triton.cdiv(n, block_n),)](\n"
+      "                dw_part, db_part, dw, db, num_groups, n,\n"
+      "                BLOCK_N=block_n,\n"
+      "            )\n",
+      "            if rows_per_group == 1 or x2.dtype != torch.bfloat16:\n"
+      "                _layer_norm_bwd_dwdb_kernel[(triton.cdiv(n, block_n),)](\n"
+      "                    dw_part, db_part, dw, db, num_groups, n,\n"
+      "                    BLOCK_N=block_n,\n"
+      "                )\n")],
+    name="bf16_large_batch_param_grads_zeroed",
+    bug=(
+        "In bfloat16, once row groups hold more than one row (a large batch), the reduction of "
+        "the dweight/dbias partials is never launched, so the zero-initialised dweight and dbias "
+        "come back (dx is right). Class: a launch guarded by the wrong condition on a large-batch "
+        "path. The old bf16 sum-over-rows rule accepted zeros from about 560 rows on (issue 16). "
+        "Trigger: bf16 and more rows than the group cap: M > 4 under the interpreter, M > 256 on "
+        "a GPU (where the old rule let it pass in part of the draws)."
+    ),
+    kills=("gradients_match_reference",),
+)
+
 # ----------------------------------------------------------------- dropout_residual_layer_norm
 
 dropout_unscaled = mutant(
@@ -173,6 +196,6 @@ dropout_same_mask_every_row = mutant(
 ALL = (
     one_pass_variance, padded_lanes_in_variance, eps_outside_sqrt,
     backward_missing_xhat_term, dweight_partial_rows, dweight_skips_last_group,
-    assumes_contiguous_rows, dropout_unscaled, dropout_padded_lanes_in_variance,
+    assumes_contiguous_rows, bf16_large_batch_param_grads_zeroed, dropout_unscaled, dropout_padded_lanes_in_variance,
     dropout_keep_below_p, dropout_same_mask_every_row,
 )

@@ -97,3 +97,16 @@ masked_row_zero = mutant(
         "silent convention change that hides fully-masked rows. Trigger: an all -inf row.",
     kills=("all_neg_inf_row_gives_nan",),
 )
+
+huge_logit_rows_zeroed = mutant(
+    "softmax", kernel,
+    [("tl.store(y_row + cols, (e / s).to(Y.dtype.element_ty), mask=mask)",
+      "tl.store(y_row + cols, tl.where(m > 1e30, 0.0, e / s).to(Y.dtype.element_ty), mask=mask)")],
+    name="huge_logit_rows_zeroed",
+    bug="A row whose largest scaled logit exceeds 1e30 gives zeros (single-block path). Class: an "
+        "overflow guard that treats rows of huge logits as invalid and blanks them; the old "
+        "softmax rule charged u |max| to the top entry, whose allowance reached 1 there, so this "
+        "passed every check (issue 16). Trigger: x / T with a max above 1e30 (fp32 or bf16 values "
+        "near the dtype's max) in a row that fits one block.",
+    kills=("matches_reference", "rows_sum_to_one"),
+)

@@ -28,6 +28,11 @@ def precision(impl: Implementation, case: Case) -> Precision:
     return tolerance.declared_dot(Precision.of(dtype, backend.current(), declared), declared)
 
 
+def rule_name(fn) -> str:
+    """``module.function`` of a tolerance binding, for messages about its allowances."""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
 def run(case: Case, impl: Implementation, values: Mapping[str, Any] | None = None):
     """Materialise ``case`` (unless ``values`` are given), call ``impl``, name its outputs."""
     op = OPS[case.op]
@@ -55,7 +60,7 @@ def matches_reference(case: Case, impl: Implementation) -> None:
     for name in op.outputs:
         parity.assert_close(name, outs[name], expected[name], allowed[name], baseline[name],
                             dtype=op.output_dtypes.get(name, getattr(torch, case.dtype)),
-                            computed_in=getattr(torch, case.dtype))
+                            computed_in=getattr(torch, case.dtype), rule=rule_name(op.tolerance))
 
 
 def with_upstream(op: OpSpec, dtype: torch.dtype) -> st.SearchStrategy[Case]:
@@ -124,7 +129,7 @@ def gradients_match_reference(case: Case, impl: Implementation, in_domain=None, 
         if grads[name].dtype != values[name].dtype:
             raise AssertionError(f"gradient of {name!r} has dtype {grads[name].dtype}, input has {values[name].dtype}")
         parity.assert_close(f"d{name}", grads[name], np_grads[name], allowed[f"d{name}"], baseline[f"d{name}"],
-                            dtype=values[name].dtype)
+                            dtype=values[name].dtype, rule=rule_name(op.grad_tolerance))
 
 
 def _whole_storage(t: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ from hypothesis.vendor import pretty
 
 from properties import backend, refusals, registry
 from properties.config import CONFIG
+from properties.generic import rule_name
 from properties.limits import OutsideLimits
 from properties.oracle import recording
 from properties.poisoning import poisoned_allocations
@@ -130,6 +131,30 @@ class Target:
         # this example is refused but not yet counted (``count`` runs in run's ``finally``)
         if n >= refusals.ALL_REFUSED_AFTER and _collector.examples[self.id] + 1 == n + _collector.invalid[self.id]:
             pytest.skip(f"every example was refused ({n} drawn): {refusals.summarise(refused)}")
+
+
+def vacuity_failure(target: Target) -> str | None:
+    """Why ``target``'s test must fail although every example passed, or None.
+
+    The policy: an example is vacuous for an output when more than half of that
+    output's counted elements would have accepted 0 (``Comparison.mostly_vacuous``);
+    a test in which more than half of the examples that compared an output were
+    vacuous for it has not shown that the output is right, so it fails, naming the
+    output and the tolerance rule. Fewer vacuous examples show in the report only
+    (``vacuous`` and ``vacuous_examples`` per output)."""
+    if _collector is None:
+        return None
+    problems = []
+    for output, (examples, vacuous) in sorted(_collector.vacuity.get(target.id, {}).items()):
+        if 2 * vacuous > examples:
+            rule = target.op.grad_tolerance if target.check.name == "gradients_match_reference" else target.op.tolerance
+            problems.append(
+                f"output {output!r}: {vacuous} of {examples} examples were vacuous (the allowance of "
+                f"{rule_name(rule)} reached |expected| in most elements, so an output of 0 would have passed)")
+    if not problems:
+        return None
+    return (f"{target.id}: every example passed, but the check could not have failed in most of them:\n  "
+            + "\n  ".join(problems))
 
 
 # Hypothesis's "Failing test case: test_check(target=...)" would print the whole registry

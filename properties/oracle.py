@@ -6,6 +6,29 @@ that element, records the figures for the tolerance report, and on failure raise
 an ``AssertionError`` that names the worst element the way
 ``torch.testing.assert_close`` does: its index, the expected and actual values, the
 error, the allowance and how many times over it the error is.
+
+Two guards keep a comparison from passing without checking:
+
+* Every allowance where the reference is finite must be a finite number >= 0. A NaN
+  or infinite allowance is a bug in the rule that produced it (the error/allowance
+  ratio would be NaN or inf/inf, and ``NaN > 1`` is false): :class:`InvalidAllowance`,
+  naming the output and the rule, never a pass. A ratio that is NaN for any other
+  reason counts as a violation.
+* Vacuity. An element whose allowance reaches the magnitude of its expected value
+  (``allowed >= |expected|``) would accept 0: there the comparison cannot catch a
+  kernel that returns nothing. Such elements are counted per comparison
+  (``vacuous`` of ``counted``). Only elements that a correct result could pin down
+  are counted: ``|expected| > max(2^12 underflow floors, u(dtype) * scale,
+  2^-20 allowed)``, ``scale`` the output's largest ``|expected|``. So an exact 0 is
+  never counted; nor is a value within the rules' absolute floors
+  (:data:`FLOOR_MULTIPLE`: a correct implementation may flush it to 0 or round it in
+  the subnormals), nor one smaller than the rounding error of the output's largest
+  element (outputs whose errors are absolute at their scale, sums, products and
+  gradients with cancellation, legitimately allow that much), nor one that is 0
+  within the fp64 reference's own error (:data:`REFERENCE_RESOLUTION`: an exact 0
+  that the reference computes as 1e-17 noise). The report carries the counts, and a
+  test in which most examples are mostly vacuous fails
+  (:func:`properties.harness.vacuity_failure`).
 """
 from __future__ import annotations
 
@@ -36,10 +59,35 @@ class Comparison:
     violations: int
     special_mismatches: int  # NaN/inf where the reference has none, or the reverse
     scale: float  # max |expected| over finite entries (the x axis of the report's plots)
+    counted: int = 0  # elements a correct result pins down (see the module docstring)
+    vacuous: int = 0  # of which the allowance reaches |expected|: 0 would pass there
 
     @property
     def ok(self) -> bool:
         return self.violations == 0 and self.special_mismatches == 0
+
+    @property
+    def mostly_vacuous(self) -> bool:
+        """More than half of the counted elements would accept 0."""
+        return 2 * self.vacuous > self.counted > 0
+
+
+# An expected value below this fraction of its allowance is 0 within the fp64 reference's
+# own error: the allowance charges u(fp32) = 2^29 u(fp64) (or more) to the magnitudes that
+# the reference rounds with u(fp64), and 2^9 covers the reference's longer error terms
+# (sums of up to 2^17 terms at sqrt(n)). A constant upstream gradient, whose exact softmax
+# gradient is 0, leaves 1e-17-size noise in the reference there.
+REFERENCE_RESOLUTION = 2.0**-20
+# The rules' absolute floors are multiples of the underflow floor, one per rounding that
+# may land in the subnormals or be flushed (3 in rope, M for a sum over M rows, up to 4096
+# rows in the gpu profile): below this many floors an expected value is not counted. In
+# fp16 that is 2.4e-4 (the smallest normal is 6.1e-5), in fp32 and bf16 4.8e-35.
+FLOOR_MULTIPLE = 2.0**12
+
+
+class InvalidAllowance(AssertionError):
+    """A tolerance rule returned a NaN, infinite or negative allowance: a bug in the
+    suite, not in the implementation under test."""
 
 
 def to_numpy(t) -> np.ndarray:
@@ -48,12 +96,24 @@ def to_numpy(t) -> np.ndarray:
     return np.asarray(t, dtype=np.float64)
 
 
+def _check_allowance(output: str, e: np.ndarray, allowed: np.ndarray, fin: np.ndarray, rule: str | None) -> None:
+    with np.errstate(invalid="ignore"):
+        bad = fin & ~(np.isfinite(allowed) & (allowed >= 0))
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise InvalidAllowance(
+            f"suite bug: the allowance for output {output!r} from {rule or 'the rule of this check'} is "
+            f"{allowed[first]!r} at index {list(first)} (expected {e[first]!r}), in {int(bad.sum())} of "
+            f"{e.size} elements; an allowance must be a finite number >= 0 wherever the reference is finite")
+
+
 def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.ndarray | float,
-            dtype: torch.dtype | None = None) -> Comparison:
+            dtype: torch.dtype | None = None, rule: str | None = None) -> Comparison:
     """Measure ``got`` against ``expected`` (fp64) with per-element ``allowed`` error.
 
     NaN must match NaN and an infinity the same infinity exactly; finite expected
-    values must be met by finite results within ``allowed``.
+    values must be met by finite results within ``allowed``, which must be finite
+    and >= 0 there (``rule`` names where it came from, for the error if it is not).
     """
     dtype = dtype or got.dtype
     g = to_numpy(got)
@@ -62,6 +122,7 @@ def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.nd
         raise AssertionError(f"output {output!r} has shape {list(g.shape)}, the reference has {list(e.shape)}")
     allowed = np.broadcast_to(np.asarray(allowed, dtype=np.float64), e.shape)
     fin = np.isfinite(e)
+    _check_allowance(output, e, allowed, fin, rule)
     special = ~fin
     same_special = (np.isnan(e) & np.isnan(g)) | (np.isinf(e) & (g == e))
     mismatches = special & ~same_special
@@ -80,7 +141,8 @@ def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.nd
     scale = float(np.max(np.abs(e[fin]))) if fin.any() else 0.0
     worst_flat = int(np.argmax(np.where(mismatches, np.inf, ratio))) if e.size else 0
     worst = tuple(int(i) for i in np.unravel_index(worst_flat, e.shape)) if e.size else None
-    ulps = err / tolerance.ulp(e, dtype) if e.size else np.zeros(0)
+    ulps = err / tolerance.ulp(e, dtype) if e.size and dtype.is_floating_point else np.zeros(e.shape)
+    counted, vacuous = _vacuity(e, allowed, fin, dtype, scale)
     return Comparison(
         output=output, dtype=dtype, numel=int(e.size),
         max_abs=float(err.max()) if e.size else 0.0,
@@ -91,10 +153,24 @@ def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.nd
         expected=float(e.flat[worst_flat]) if e.size else 0.0,
         got=float(g.flat[worst_flat]) if e.size else 0.0,
         allowed=float(allowed.flat[worst_flat]) if e.size else 0.0,
-        violations=int(np.sum(ratio > 1)),
+        # ~(ratio <= 1): a NaN ratio is a violation, never a pass
+        violations=int(np.sum(fin & ~(ratio <= 1))),
         special_mismatches=int(mismatches.sum()),
         scale=scale,
+        counted=counted,
+        vacuous=vacuous,
     )
+
+
+def _vacuity(e: np.ndarray, allowed: np.ndarray, fin: np.ndarray, dtype: torch.dtype,
+             scale: float) -> tuple[int, int]:
+    """(counted, vacuous) elements, as the module docstring defines them."""
+    if not dtype.is_floating_point:
+        return 0, 0
+    threshold = max(FLOOR_MULTIPLE * tolerance.underflow_floor(dtype), tolerance.unit_roundoff(dtype) * scale)
+    mag = np.abs(np.where(fin, e, 0.0))
+    counted = fin & (mag > threshold) & (mag > REFERENCE_RESOLUTION * allowed)
+    return int(counted.sum()), int(np.sum(counted & (allowed >= mag)))
 
 
 def failure_text(c: Comparison, what: str) -> str:
@@ -140,9 +216,9 @@ def recording(sink: Callable[[Comparison], None]) -> Iterator[None]:
 
 def assert_close(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.ndarray | float,
                  what: str = "does not match the fp64 reference", dtype: torch.dtype | None = None,
-                 record: bool = True) -> Comparison:
+                 record: bool = True, rule: str | None = None) -> Comparison:
     """Compare, record the figures for the report, and raise if any element is off."""
-    c = compare(output, got, expected, allowed, dtype)
+    c = compare(output, got, expected, allowed, dtype, rule)
     sink = _recorder.get()
     if record and sink is not None:
         sink(c)

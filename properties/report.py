@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class Collector:
@@ -30,6 +30,8 @@ class Collector:
         self.invalid: dict[str, int] = defaultdict(int)  # test id -> of which discarded by assume
         self.refused: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # id -> message -> n
         self.seconds: dict[str, list[float]] = defaultdict(list)  # test id -> each example's duration, in order
+        # test id -> output -> [examples that compared it, of which mostly vacuous]
+        self.vacuity: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
 
     def count(self, target, invalid: bool = False, refused: bool = False, seconds: float | None = None) -> None:
         self.examples[target.id] += 1
@@ -49,6 +51,9 @@ class Collector:
         def record(c, parity=None, passed=None):
             # parity: PyTorch's error on the same input (properties/parity.py); passed: the
             # verdict under the run's --tolerance mode, when it is not the comparison's own
+            tally = self.vacuity[target.id][c.output]
+            tally[0] += 1
+            tally[1] += int(c.mostly_vacuous)
             self.rows.append({
                 "op": target.op.name, "impl": target.impl.name, "dtype": str(target.dtype).replace("torch.", ""),
                 "backend": backend.current(), "check": target.check.name, "output": c.output,
@@ -58,6 +63,7 @@ class Collector:
                 "impl_target": target.impl.target,
                 "baseline_max_abs": parity.baseline_max_abs if parity is not None else None,
                 "parity_ratio": parity.ratio if parity is not None else None,
+                "counted": c.counted, "vacuous": c.vacuous, "mostly_vacuous": c.mostly_vacuous,
             })
         return record
 
@@ -91,6 +97,8 @@ def summarise(rows: list[dict]) -> list[dict]:
             "max_abs": max(r["max_abs"] for r in rs), "p99_abs": _pct([r["max_abs"] for r in rs], 99),
             "max_rel": max(r["max_rel"] for r in rs), "p99_rel": _pct([r["max_rel"] for r in rs], 99),
             "max_ulp": max(r["max_ulp"] for r in rs), "p99_ulp": _pct([r["max_ulp"] for r in rs], 99),
+            "vacuous": sum(r["vacuous"] for r in rs), "counted": sum(r["counted"] for r in rs),
+            "vacuous_examples": sum(r["mostly_vacuous"] for r in rs),
             "max_headroom": worst["headroom"], "allowed_at_worst": worst["allowed_at_worst"],
             "closest_case": {"check": worst["check"], "impl": worst["impl_target"], "case": worst["case"]},
             "points": [[r["numel"], r["max_rel"], r["headroom"]] for r in rs],
@@ -152,7 +160,7 @@ def build(folder: Path, skipped: list[dict], meta: dict, limits: dict | None = N
         "invalid_per_test": merged["invalid"],
         "refusals_per_test": merged["refused"],
         "limits": limits or {},
-        "vacuous_per_test": {},  # filled by the vacuity guard (oracle); kept so readers can rely on the key
+        "vacuous_per_test": _vacuous_per_test(merged["rows"]),
         "timing_per_test": timings(merged["seconds"]),
         "skipped": skipped,
     }
@@ -169,12 +177,13 @@ def _fmt(v, spec=".2e"):
 def table(report: dict) -> str:
     """The compact table printed at the end of a run."""
     head = (f"{'op':<28} {'impl':<14} {'dtype':<9} {'output':<7} {'n':>5} {'max abs':>9} {'max rel':>9} "
-            f"{'max ulp':>9} {'headroom':>9} {'vs torch':>9}")
+            f"{'max ulp':>9} {'headroom':>9} {'vs torch':>9} {'vacuous':>11}")
     lines = [head, "-" * len(head)]
     for o in report["outputs"]:
         lines.append(f"{o['op']:<28} {o['impl'][:14]:<14} {o['dtype']:<9} {o['output'][:7]:<7} {o['examples']:>5} "
                      f"{_fmt(o['max_abs']):>9} {_fmt(o['max_rel']):>9} {_fmt(o['max_ulp'], '.3g'):>9} "
-                     f"{_fmt(o['max_headroom'], '.3f'):>9} {_fmt(o.get('parity_ratio_at_worst'), '.3g'):>9}")
+                     f"{_fmt(o['max_headroom'], '.3f'):>9} {_fmt(o.get('parity_ratio_at_worst'), '.3g'):>9} "
+                     f"{_vacuous(o):>11}")
     lines.append("vs torch: the kernel's max |error| / plain PyTorch's in the input dtype on the example closest to "
                  "failing ('-': PyTorch could not run there); the largest such ratio is in the report")
     return "\n".join(lines)
@@ -211,6 +220,30 @@ def discard_table(report: dict) -> str:
         lines.append(f"{r['test'][:58]:<58} {r['examples']:>5} {r['discarded']:>7} {r['refused']:>8} "
                      f"{r['vacuous']:>8}  {r['messages']}")
     return "\n".join(lines)
+
+
+def _vacuous_per_test(rows: list[dict]) -> dict[str, int]:
+    """Per test, the compared elements whose allowance reached |expected| (the vacuity guard)."""
+    out: dict[str, int] = defaultdict(int)
+    for r in rows:
+        if r.get("vacuous"):
+            out[f"{r['op']}-{r['impl']}-{r['dtype']}-{r['check']}"] += r["vacuous"]
+    return dict(out)
+
+
+def _vacuous(o: dict) -> str:
+    """Vacuous elements, and (after the slash) examples in which most elements were."""
+    return f"{o['vacuous']}/{o['vacuous_examples']}"
+
+
+def _vacuity_line(report: dict) -> str:
+    bad = [o for o in report["outputs"] if o["vacuous"]]
+    if not bad:
+        return "No vacuous elements: every counted allowance stayed below |expected|."
+    listed = "; ".join(f"{o['op']}/{o['impl']}/{o['dtype']}/{o['output']}: {o['vacuous']} of {o['counted']} "
+                       f"elements, {o['vacuous_examples']} of {o['examples']} examples" for o in bad)
+    return (f"Vacuous elements (allowance >= |expected|: an output of 0 would have passed there), "
+            f"per output: {listed}.")
 
 
 def _examples_line(report: dict) -> str:
@@ -253,13 +286,15 @@ def markdown(report: dict) -> str:
              f"{report['created']}. Headroom is the largest error divided by its allowance (<= 1 passes). "
              f"Tolerance mode `{m.get('tolerance', 'derived')}`; vs torch is the ratio of the kernel's max "
              "|error| to plain PyTorch's in the input dtype on the same input (PyTorch's error in brackets): on "
-             "the example closest to failing, then the largest over the examples.", "",
-             "| op | impl | dtype | output | examples | max abs | p99 abs | max rel | max ULP | headroom | vs torch |",
+             "the example closest to failing, then the largest over the examples. Vacuous: elements whose allowance "
+             "reached |expected| (0 would have passed) / examples in which most elements did.", "",
+             "| op | impl | dtype | output | examples | max abs | p99 abs | max rel | max ULP | headroom | vs torch | vacuous |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for o in report["outputs"]:
         lines.append(f"| {o['op']} | {o['impl']} | {o['dtype']} | {o['output']} | {o['examples']} | "
                      f"{_fmt(o['max_abs'])} | {_fmt(o['p99_abs'])} | {_fmt(o['max_rel'])} | "
-                     f"{_fmt(o['max_ulp'], '.3g')} | {_fmt(o['max_headroom'], '.3f')} | {_parity_cell(o)} |")
+                     f"{_fmt(o['max_ulp'], '.3g')} | {_fmt(o['max_headroom'], '.3f')} | {_parity_cell(o)} | {_vacuous(o)} |")
+    lines += ["", "## Vacuous elements", "", _vacuity_line(report)]
     lines += ["", "## Examples run (Hypothesis)", "", _examples_line(report)]
     rows = discard_rows(report)
     if rows:
@@ -291,7 +326,7 @@ def html_page(report: dict) -> str:
         f"<tr><td>{esc(o['op'])}</td><td>{esc(o['impl'])}</td><td>{o['dtype']}</td><td>{esc(o['output'])}</td>"
         f"<td>{o['examples']}</td><td>{_fmt(o['max_abs'])}</td><td>{_fmt(o['max_rel'])}</td>"
         f"<td>{_fmt(o['max_ulp'], '.3g')}</td><td>{_fmt(o['max_headroom'], '.3f')}</td>"
-        f"<td>{esc(_parity_cell(o))}</td></tr>"
+        f"<td>{esc(_parity_cell(o))}</td><td>{_vacuous(o)}</td></tr>"
         for o in report["outputs"])
     data = json.dumps([{"label": f"{o['op']}/{o['impl']}/{o['output']}", "dtype": o["dtype"], "points": o["points"],
                         "headroom": o["max_headroom"] if math.isfinite(o["max_headroom"]) else 1e9}
@@ -307,6 +342,7 @@ def html_page(report: dict) -> str:
             f"<tr><td>{esc(t)}</td><td>{v['examples']}</td><td>{v['first_s']:.2f}</td>"
             f"<td>{_fmt(v['median_rest_s'], '.3f')}</td><td>{v['total_s']:.1f}</td></tr>"
             for t, v in _slowest_first_examples(report))) \
+        .replace("{{VACUITY}}", esc(_vacuity_line(report))) \
         .replace("{{SKIPPED}}", "".join(f"<li><code>{esc(s['test'])}</code> {esc(s['outcome'])}: {esc(s['reason'])}</li>"
                                         for s in report["skipped"]))
 
@@ -336,7 +372,8 @@ canvas{border:1px solid #ddd;margin:8px 16px 8px 0}.legend span{margin-right:14p
 <canvas id="bars" width="900" height="420"></canvas>
 <h2>Relative error against problem size, per dtype</h2><div id="scatter"></div>
 <h2>All outputs</h2><table><tr><th>op</th><th>impl</th><th>dtype</th><th>output</th><th>examples</th>
-<th>max abs</th><th>max rel</th><th>max ULP</th><th>headroom</th><th>vs torch (torch's error)</th></tr>{{ROWS}}</table>
+<th>max abs</th><th>max rel</th><th>max ULP</th><th>headroom</th><th>vs torch (torch's error)</th><th>vacuous</th></tr>{{ROWS}}</table>
+<h2>Vacuous elements</h2><p>{{VACUITY}}</p>
 <h2>Examples run (Hypothesis)</h2><div>{{EXAMPLES}}</div>
 <h2>Compile and autotune time (first example vs the median of the others)</h2>
 <table><tr><th>test</th><th>examples</th><th>first (s)</th><th>median of the others (s)</th><th>total (s)</th></tr>

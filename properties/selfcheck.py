@@ -17,6 +17,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from properties import backend, registry
+from properties.oracle import InvalidAllowance
 from properties.poisoning import poisoned_allocations
 from properties.registry import Check, Implementation, NotApplicable, OpSpec
 
@@ -52,6 +53,7 @@ class Verdict:
     failed: bool
     dtype: torch.dtype | None
     text: str
+    suite_bug: bool = False  # failed on an invalid allowance (oracle.InvalidAllowance): never a kill
 
 
 def mutants() -> list:
@@ -118,6 +120,9 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
                 check.run(case, impl)
         except NotApplicable:
             pass
+        except InvalidAllowance:
+            crashed_on.append(case.describe())
+            raise
         except AssertionError as exc:
             raise AssertionError(f"{exc}\non:\n{case.describe()}") from None
         except Exception:
@@ -126,6 +131,8 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
 
     try:
         search()
+    except InvalidAllowance as exc:
+        return Verdict(True, dtype, f"{exc}\non:\n{crashed_on[0] if crashed_on else '?'}", suite_bug=True)
     except AssertionError as exc:
         return Verdict(True, dtype, str(exc))
     except Exception as exc:  # a crash on valid input is a failure too
@@ -209,5 +216,5 @@ def kill(m, check_name: str) -> Verdict:
         # the seed travels as an argument: a spawned child would import the module's default
         verdict = isolated(_hunt_mutant, m.target, check_name, tried[-1], HUNT_EXAMPLES, HUNT_SEED)
         if verdict.failed:
-            return verdict
+            return verdict  # a suite bug stops the hunt too, and test_mutant_killed reports it
     return Verdict(False, None, f"survived {check_name} in {tried or 'no runnable dtype'}")

@@ -53,6 +53,14 @@ def unit_roundoff(dtype: torch.dtype) -> float:
         raise ValueError(f"no unit roundoff known for {dtype}") from None
 
 
+def underflow_floor(dtype: torch.dtype) -> float:
+    """Absolute error allowed for a result near underflow: the spacing of the dtype's
+    subnormals, or fp32's smallest normal number (an fp32 intermediate that GPU math
+    may flush to zero), whichever is larger (module docstring)."""
+    info = torch.finfo(dtype)
+    return max(float(info.tiny) * float(info.eps), float(torch.finfo(torch.float32).tiny))
+
+
 def sum_error(n: int | np.ndarray, u: float = U32):
     """Relative error bound of a sum of ``n`` same-sign terms (see the module docstring)."""
     n = np.maximum(n, 1)
@@ -83,9 +91,7 @@ class Precision:
         if dtype == torch.float32 and backend == "cuda" and fp32_dot_precision != "ieee":
             # Triton's default on NVIDIA: tf32 for fp32 tl.dot (an undeclared kernel is assumed to use it).
             dot = 2 * U_TF32
-        info = torch.finfo(dtype)
-        floor = max(float(info.tiny) * float(info.eps), float(torch.finfo(torch.float32).tiny))
-        return cls(dtype=dtype, backend=backend, store=store, compute=U32, dot=dot, floor=floor)
+        return cls(dtype=dtype, backend=backend, store=store, compute=U32, dot=dot, floor=underflow_floor(dtype))
 
 
 # ---------------------------------------------------------------------------- softmax
@@ -93,31 +99,60 @@ class Precision:
 def softmax_exponent_error(x: np.ndarray, temperature: float, p: Precision) -> tuple[np.ndarray, np.ndarray]:
     """Bound E_i on the error of log y_i, and the exact log y_i, for y = softmax(x / T).
 
-    z_i = x_i / T rounds: in fp32 inside a kernel, but ``torch.softmax(x / t)``, the
-    way users write it, rounds z in the input dtype, so for T != 1 the rule allows
-    u(input) |z_i| for z_i and u(input) sum_j y_j |z_j| (at least u |m|) through the
-    normaliser log sum_j e^{z_j}: with a max of 0 and 61 equal z_j = -5.9 holding 15% of
-    the weight, the latter is what moved torch.softmax(x / 0.1) in fp16 by 2.5 ulp on an
-    H100; for T == 1 the division is exact.
-    z_i - m rounds (u |z_i - m|); exp adds EXP_ULPS u plus u |z_i - m| from the
-    log2(e) scaling; the sum s of n positive terms adds sum_error(n); the division
-    adds u. Each is an error in log y_i. Entries that are -inf are exactly 0 and drop
-    out of n (a separate, exact check covers them).
+    log y_i = (z_i - m) - log s, z = x / T, m = max_j z_j, s = sum_j e^{z_j - m}. The
+    error of element i's own term z_i - m (its *own* error o_i), then the error of the
+    normaliser log s, which is the weighted effect of every element's own error:
+
+    * x is exact: it is the input, already in its dtype. For T == 1, z = x exactly.
+      For T != 1, z_i = x_i / T rounds: in fp32 inside a kernel, but in the input
+      dtype in ``torch.softmax(x / t)``, the way users write it, so by u(input) |z_i|.
+      Rounding is monotone, so the max stays the max and z_m - m = 0 exactly for the
+      max element whatever the rounding; any other element's z_i - m moves by
+      u(input) (|z_i| + |m|).
+    * z_i - m rounds (u |z_i - m|); exp adds EXP_ULPS u plus u |z_i - m| from the
+      log2(e) scaling on GPUs: o_i = u(input) (|z_i| + |m|) [i not the max] +
+      u (2 |z_i - m| + EXP_ULPS).
+    * The normaliser: with every term j off by a factor within e^{+-o_j}, log s moves by
+      at most log sum_j y_j e^{o_j} (y_j the exact softmax weights; the other side,
+      -log sum_j y_j e^{-o_j}, is smaller by convexity). Not linearised: a bf16 rounding
+      of x / T can tie a small logit with the max and multiply its weight by e^{o_j},
+      which only the exact form follows. An online pass rescales partial sums by
+      e^{m_lane - m}, an exponent no larger than |z_j - m| for the terms it carries: the
+      same 2 u |z_j - m| per term. The sum of n positive terms adds sum_error(n), the
+      division y = e / s adds u. SAFETY applies to every o_j, inside the normaliser too.
+
+    Entries that are -inf are exactly 0 and drop out of n (a separate, exact check
+    covers them). An implementation that scales by log2(e) before subtracting the max
+    (exp2(x log2e - m log2e)) rounds x log2e by u |z| and so is off by u (|z_i| + |m|)
+    where ``torch.softmax`` is off by u |z_i - m|; the rule holds kernels to the latter.
+
+    Why the old rule was wrong: it charged u (|z_i| + |m|) to every element whatever T
+    and whichever element, and u(input) |m| to every element through the normaliser.
+    For T == 1 nothing rounds there, and for the max element z_m - m = 0 exactly; with
+    logits near fp32's max those terms reached 1e31, so the top entry's allowance was
+    ~1 and an all-zero output passed (x = [3e38, -3e38, 1e38] in fp32: allowed 1.00000006
+    for an expected 1). The normaliser now weighs each element's own error by its
+    weight y_j, so a dominant max element contributes only its own small error.
     """
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         z = x / temperature
         finite = np.isfinite(z)
         zf = np.where(finite, z, 0.0)
         m = np.max(np.where(finite, z, -np.inf), axis=-1, keepdims=True)
         m = np.where(np.isfinite(m), m, 0.0)
-        log_y = np.where(finite, zf - m, -np.inf) - np.log(np.sum(np.where(finite, np.exp(zf - m), 0.0),
-                                                                   axis=-1, keepdims=True))
-    n = finite.sum(axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore", over="ignore"):
-        weighted = np.sum(np.where(finite, np.exp(log_y) * np.abs(zf), 0.0), axis=-1, keepdims=True)
-    divide = (unit_roundoff(p.dtype) if temperature != 1 else 0.0) * (np.abs(zf) + np.maximum(np.abs(m), weighted))
-    exponent = np.abs(zf) + np.abs(m) + 2 * np.abs(zf - m)
-    err = SAFETY * (divide + p.compute * (exponent + EXP_ULPS + 1) + sum_error(n, p.compute))
+        d = zf - m
+        log_y = np.where(finite, d, -np.inf) - np.log(np.sum(np.where(finite, np.exp(d), 0.0),
+                                                             axis=-1, keepdims=True))
+        n = finite.sum(axis=-1, keepdims=True)
+        u_div = unit_roundoff(p.dtype) if temperature != 1 else 0.0
+        not_max = finite & (zf != m)
+        own = SAFETY * (np.where(not_max, u_div * (np.abs(zf) + np.abs(m)), 0.0)
+                        + p.compute * (2 * np.abs(d) + EXP_ULPS))
+        own = np.where(finite, own, 0.0)
+        # y_j (e^{o_j} - 1), without 0 * inf for entries whose weight underflows
+        grow = np.where(own < 50, np.exp(log_y) * np.expm1(np.minimum(own, 50.0)), np.exp(log_y + own))
+        normaliser = np.log1p(np.sum(np.where(finite, grow, 0.0), axis=-1, keepdims=True))
+    err = own + normaliser + SAFETY * (p.compute + sum_error(n, p.compute))
     return err, log_y
 
 
@@ -907,11 +942,35 @@ def layer_norm_grad(x: np.ndarray, weight: np.ndarray, dy: np.ndarray, dx: np.nd
     rstd eta |c1|; for rows of std > ~1e12 their b underflows into fp32 subnormals (an
     absolute error of the fp32 subnormal spacing, times |x| + |mean|).
     dweight: each row's term errs by |dy| (eta + u |x_hat|), and the sum over the M
-    rows adds sum_error(M) sum|dy x_hat|; dbias: sum_error(M) sum|dy|. These sums over
-    rows take the unit roundoff of the input dtype (torch accumulates them in
-    fp16/bf16: a bf16 dbias of 3 rows was seen 3.5 ulp off), and each of the M partial
-    sums may round in the dtype's subnormal range: M p.floor. SAFETY on each bound;
-    the store costs u(out) |result|; p.floor (dx: also a flushed w dy, times rstd).
+    rows adds R sum|dy x_hat|; dbias: R sum|dy|, R the relative error of a sum over rows.
+
+    * The part of eta that comes from statistics saved in the input dtype is one
+      rounding per row. Summed over rows, the mean of those roundings acts on every row
+      alike (u(out) |sum dy x_hat| + u(out) |sum dy rstd mean|) and the rest is a sum of
+      independent errors, at most SUM_LAMBDA sqrt(sum_r t_r^2) as in sum_error (or
+      sum_r |t_r|, whichever is smaller).
+    * R: a kernel that keeps the contract accumulates the rows in fp32 and stores once:
+      R = sum_error(M). torch's CPU backward for fp16/bf16 instead keeps one running sum
+      per thread in the input dtype (a bf16 dbias of 3 rows was seen 3.5 ulp off; 300
+      rows of dy = 1 give 256, 20000 give 263: a running sum stalls once its spacing
+      exceeds twice the term). A running sum of M terms rounded to the dtype errs by up
+      to M u(dtype) sum|terms| (Higham eq. 4.4, first order; stalling makes the errors
+      lean one way, so no sqrt(M)), and each of its partial sums may round in the
+      dtype's subnormal range (M p.floor). The rule admits that accumulation (R the
+      larger of M u(dtype) and sum_error(M, u(dtype))) only while SAFETY R <= 1/2, i.e.
+      up to 64 rows in bf16 and 512 in fp16; past that an input-dtype accumulation
+      keeps no correct digit a check could hold it to, and every implementation is held
+      to fp32 accumulation.
+
+    SAFETY on each bound; the store costs u(out) |result|; p.floor (dx: also a flushed
+    w dy, times rstd).
+
+    Why the old rule was wrong: it took R = sum_error(M, u(dtype)) at any M, a bound that
+    reaches sum|dy| (SAFETY included) from about 560 rows on in bf16, where a zero
+    dweight or dbias passed; the sqrt(M) part of it does not even hold for a running
+    sum that stalls. And it summed the saved statistics' per-row roundings as worst
+    cases, sum_r |t_r|, which grows as M where a random-sign dweight grows as sqrt(M):
+    that too reached |dweight| at a few hundred bf16 rows.
     """
     u = p.compute
     eta, eps_r, r, xhat = layer_norm_xhat(x, eps, p)
@@ -921,7 +980,9 @@ def layer_norm_grad(x: np.ndarray, weight: np.ndarray, dy: np.ndarray, dx: np.nd
     # std > 1.6e4) rounds to the subnormal spacing instead: an absolute error `sub`.
     mu = x.mean(axis=-1, keepdims=True)
     sub = float(torch.finfo(p.dtype).tiny) * float(torch.finfo(p.dtype).eps)
-    eta = eta + p.store * (r * np.abs(mu) + np.abs(xhat)) + sub * (r + np.abs(xhat) / r)
+    eta = eta + sub * (r + np.abs(xhat) / r)
+    saved = p.store * (r * np.abs(mu) + np.abs(xhat))  # from statistics saved in the input dtype
+    eta_fp32, eta = eta, eta + saved
     eps_r = eps_r + p.store + sub / r
     n = x.shape[-1]
     g = weight * dy
@@ -941,15 +1002,27 @@ def layer_norm_grad(x: np.ndarray, weight: np.ndarray, dy: np.ndarray, dx: np.nd
     rows = int(np.prod(x.shape[:-1]))
     flat = lambda a: np.broadcast_to(a, x.shape).reshape(rows, n)  # noqa: E731
     ady = np.abs(flat(dy))
-    # The sums over rows may run in the input dtype (torch's CPU backward for fp16/bf16).
-    u_rows = max(u, unit_roundoff(p.dtype))
-    dw_bound = np.sum(ady * (flat(eta) + u * np.abs(flat(xhat))), axis=0) + sum_error(rows, u_rows) * np.sum(
-        np.abs(flat(dy * xhat)), axis=0)
-    db_bound = sum_error(rows, u_rows) * np.sum(ady, axis=0)
+    # The sums over rows: in fp32, or in the input dtype while that stays checkable (docstring).
+    u_in = unit_roundoff(p.dtype)
+    in_dtype = max(rows * u_in, float(sum_error(rows, u_in)))
+    admitted = u_in > u and SAFETY * in_dtype <= 0.5
+    r_rows = in_dtype if admitted else sum_error(rows, u)
+    # near underflow: every partial sum rounds in the dtype's subnormals (input-dtype
+    # sums), or fp32 partials flush below fp32's smallest normal (FTZ) and the store rounds once
+    rows_floor = rows * p.floor if admitted else p.floor + rows * float(torch.finfo(torch.float32).tiny)
+    # The saved statistics' roundings, one per row, summed over rows: their mean acts on
+    # every row alike (p.store |sum dy x_hat| + p.store |sum dy rstd mean|); what is left
+    # is a sum of independent errors, at most SUM_LAMBDA sqrt(sum t^2) (as sum_error).
+    t_saved = ady * flat(saved)
+    saved_rows = (np.minimum(np.sum(t_saved, axis=0), SUM_LAMBDA * np.sqrt(np.sum(t_saved**2, axis=0)))
+                  + p.store * (np.abs(np.sum(flat(dy * xhat), axis=0)) + np.abs(np.sum(flat(dy * r * mu), axis=0))))
+    dw_bound = (np.sum(ady * (flat(eta_fp32) + u * np.abs(flat(xhat))), axis=0) + saved_rows
+                + r_rows * np.sum(np.abs(flat(dy * xhat)), axis=0))
+    db_bound = r_rows * np.sum(ady, axis=0)
     return {
         "dx": SAFETY * dx_bound + p.store * np.abs(dx) + p.floor * (1 + r * np.abs(weight)),
-        "dweight": SAFETY * dw_bound + p.store * np.abs(dweight) + rows * p.floor,
-        "dbias": SAFETY * db_bound + p.store * np.abs(dbias) + rows * p.floor,
+        "dweight": SAFETY * dw_bound + p.store * np.abs(dweight) + rows_floor,
+        "dbias": SAFETY * db_bound + p.store * np.abs(dbias) + rows_floor,
     }
 
 

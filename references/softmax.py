@@ -19,6 +19,12 @@ def softmax(x: np.ndarray, temperature: float = 1.0) -> np.ndarray:
 
 
 def softmax_torch(x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """The same in fp64 PyTorch, differentiable: exp(z - logsumexp(z))."""
+    """The same in fp64 PyTorch, differentiable: exp(d - logsumexp(d)), d = z - max z.
+
+    The max is subtracted first, exactly as in :func:`softmax`: exp(z - logsumexp(z))
+    rounds z - lse with an error of u(fp64) |z|, which for logits near fp32's max is
+    1e22, so two tied logits of 1.7e38 came out as y = [1, 1] instead of [0.5, 0.5]."""
     z = x.to(torch.float64) / temperature
-    return torch.exp(z - torch.logsumexp(z, dim=-1, keepdim=True))
+    m = z.detach().amax(dim=-1, keepdim=True)
+    d = z - torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    return torch.exp(d - torch.logsumexp(d, dim=-1, keepdim=True))

@@ -75,7 +75,8 @@ def test_reports_follow_the_schema(tmp_path):
     assert loaded["schema_version"] == report.SCHEMA_VERSION
     (row,) = loaded["outputs"]
     for key in ("op", "impl", "dtype", "backend", "output", "examples", "failed", "max_abs", "p99_abs", "max_rel",
-                "p99_rel", "max_ulp", "p99_ulp", "max_headroom", "allowed_at_worst", "closest_case", "points"):
+                "p99_rel", "max_ulp", "p99_ulp", "max_headroom", "allowed_at_worst", "closest_case", "points",
+                "counted", "vacuous", "vacuous_examples"):
         assert key in row
     assert row["max_headroom"] == pytest.approx(5.0) and row["failed"] == 1
     assert Case.from_json(row["closest_case"]["case"]).to_json() == CASE.to_json()

@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -28,7 +29,7 @@ OPS = registry.load()
     pytest.param(m, c, id=f"{m.op}.{m.name}-{c}") for m in MUTANTS for c in m.kills])
 def test_mutant_killed(mutant, check):
     verdict = selfcheck.kill(mutant, check)
-    assert verdict.failed, f"mutant {mutant.op}.{mutant.name} ({mutant.bug}) {verdict.text}"
+    assert verdict.failed and not verdict.suite_bug, f"mutant {mutant.op}.{mutant.name} ({mutant.bug}) {verdict.text}"
     print(f"\n{mutant.op}.{mutant.name} killed by {check} in {verdict.dtype}:\n{verdict.text}")
 
 
@@ -91,6 +92,18 @@ def test_a_crash_verdict_names_its_case():
     verdict = selfcheck.hunt(op, impl, check, torch.float32, 20)
     assert verdict.failed and verdict.text.startswith("RuntimeError: boom\non:\nsoftmax(x, temperature) in float32")
     assert f"x: shape {crashed[0]} float32" in verdict.text, verdict.text
+
+
+def test_an_invalid_allowance_is_a_suite_bug_not_a_kill():
+    from properties.oracle import assert_close
+
+    def nan_allowance(case, impl):
+        assert_close("y", torch.ones(2), np.ones(2), np.array([0.1, np.nan]), rule="a broken rule")
+
+    op = OPS["softmax"]
+    impl = registry.Implementation.of("softmax", lambda x, temperature=1.0: x, kind="user")
+    verdict = selfcheck.hunt(op, impl, registry.Check("broken", nan_allowance), torch.float32, 5)
+    assert verdict.failed and verdict.suite_bug and "a broken rule" in verdict.text
 
 
 @triton.jit
