@@ -97,3 +97,18 @@ masked_row_zero = mutant(
         "silent convention change that hides fully-masked rows. Trigger: an all -inf row.",
     kills=("all_neg_inf_row_gives_nan",),
 )
+
+long_rows_detached = mutant(
+    "softmax", kernel,
+    [("    return _Softmax.apply(x, float(temperature))",
+      "    if x.shape[-1] > 64:\n"
+      "        return _launch_fwd(_rows(x), float(temperature)).view(x.shape)\n"
+      "    return _Softmax.apply(x, float(temperature))")],
+    name="long_rows_detached",
+    bug="Rows longer than 64 go straight to the forward launch, around the autograd Function, "
+        "so the output carries no grad_fn and no gradient reaches x. Class: a fast path that "
+        "forgets autograd (an inference-only branch reached in training). Trigger: any row "
+        "longer than 64 with x requiring grad; shorter rows are differentiable, so the bug "
+        "shows only on some draws.",
+    kills=("gradients_match_reference", "deterministic"),
+)

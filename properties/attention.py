@@ -38,10 +38,10 @@ from hypothesis import strategies as st
 
 from properties import backend, tolerance
 from properties.config import CONFIG
-from properties.generic import generic_checks, precision, run, with_upstream
+from properties.generic import generic_checks, precision, require_grad_fn, run, with_upstream
 from properties.generic import gradients_match_reference as _generic_gradients_match_reference
 from properties.oracle import assert_close, assert_identical, to_numpy
-from properties.registry import Check, Implementation, OpSpec, register
+from properties.registry import OPS, Check, Implementation, OpSpec, register
 from properties.strategies import Case, Layout, TensorSpec, layouts, sizes, special_values, tensors
 from references import attention as ref
 
@@ -267,9 +267,7 @@ def causal_gradient_respected(case: Case, impl: Implementation) -> None:
     for name in ("q", "k", "v"):
         values[name] = values[name].detach().requires_grad_(True)
     _, outs = run(case, impl, values)
-    if outs["o"].grad_fn is None:
-        from properties.registry import NotApplicable
-        raise NotApplicable(f"output 'o' of {impl.name} carries no grad_fn (no backward)")
+    require_grad_fn(OPS["attention"], impl, outs)
     dq, dk, dv = torch.autograd.grad(outs["o"], (values["q"], values["k"], values["v"]), keep)
     what = f"with the upstream gradient only on row {i}"
     for name, g, rows in (("dk", dk, slice(i + 1, None)), ("dv", dv, slice(i + 1, None))):
