@@ -25,12 +25,18 @@ from properties.config import CONFIG
 from properties.generic import generic_checks, gradients_match_reference, precision, run
 from properties.oracle import assert_close, assert_identical, to_numpy
 from properties.registry import Check, Implementation, OpSpec, register
-from properties.strategies import Case, TensorSpec, sizes, special_values, tensors
+from properties.strategies import Case, TensorSpec, lengths, sizes, special_values, tensors
 from references import norms as ref
 
 BLOCKS = (64, 4096)  # the kernel's column-block caps (interpreter, GPU): rows past one block loop
 LN_ROW_BLOCKS = 16  # small profile: rows x ceil(N / 64) per layer_norm case
 DROPOUT_ROW_BLOCKS = 8  # and per dropout case (Philox under the interpreter is slow)
+# Longest row of the interpreter's long branch: one layer_norm row of 4097 takes 1.4 s
+# forward and backward there (65537: 21 s), one dropout row of 4097 4 s forward (65537:
+# 83 s), so the CPU profile stops past 16384 and 8192; the GPU profile goes past 2**17.
+LN_LONG_SMALL = 16387
+DROPOUT_LONG_SMALL = 8193
+LONG_ROW = 2**17 + 3
 EPSILONS = (1e-5, 1e-6, 1e-2)
 DROP_PS = (0.0, 0.1, 0.5, 0.9)
 # "offset" twice: a large common offset (|mean| >> std) is the hazard of a norm (a
@@ -49,13 +55,16 @@ def domain_cap(dtype: torch.dtype, n: int) -> float:
 
 
 @st.composite
-def _shape(draw, row_blocks: int) -> tuple[int, ...]:
+def _shape(draw, row_blocks: int, long_max_small: int) -> tuple[int, ...]:
     """Rows of any length (past one column block included) under 0-2 leading dims.
 
     On the interpreter a call costs about (rows x column blocks of 64) programs-worth
     of work (the dropout kernel's Philox is the dearest), so the small profile bounds
-    that product by ``row_blocks``: up to 12 rows of N <= 64, 2-3 rows of N ~ 300."""
-    n = draw(sizes(1, CONFIG.pick(300, 16384), blocks=BLOCKS))
+    that product by ``row_blocks``: up to 12 rows of N <= 64, 2-3 rows of N ~ 300.
+    Rarely (``strategies.lengths``) a row reaches past 4096, up to ``long_max_small`` on
+    the interpreter and past 2**17 on a GPU."""
+    n = draw(lengths(1, CONFIG.pick(300, 16384), long_max=CONFIG.pick(long_max_small, LONG_ROW),
+                     long_percent=CONFIG.long_percent(3), blocks=BLOCKS))
     small_rows = max(1, row_blocks // -(-n // BLOCKS[0]))
     max_rows = max(1, min(CONFIG.pick(min(12, small_rows), 4096), CONFIG.pick(2**12, 2**21) // n))
     lead = tuple(draw(st.lists(sizes(1, max_rows), max_size=2).filter(lambda d: math.prod(d) <= max_rows)))
@@ -73,7 +82,7 @@ def _affine(draw, n: int, dtype: torch.dtype) -> tuple[TensorSpec, TensorSpec]:
 @st.composite
 def layer_norm_cases(draw, dtype: torch.dtype) -> Case:
     """x [..., N] in any layout and value family of the domain; strided weight/bias."""
-    shape = draw(_shape(LN_ROW_BLOCKS))
+    shape = draw(_shape(LN_ROW_BLOCKS, LN_LONG_SMALL))
     n = shape[-1]
     cap = domain_cap(dtype, n)
     x = draw(tensors(shape, dtype, families=X_FAMILIES, max_magnitude=cap,
@@ -87,7 +96,7 @@ def layer_norm_cases(draw, dtype: torch.dtype) -> Case:
 @st.composite
 def dropout_residual_layer_norm_cases(draw, dtype: torch.dtype) -> Case:
     """x and residual [..., N] in any layouts and value families of the domain, p, seed."""
-    shape = draw(_shape(DROPOUT_ROW_BLOCKS))
+    shape = draw(_shape(DROPOUT_ROW_BLOCKS, DROPOUT_LONG_SMALL))
     n = shape[-1]
     p = draw(st.sampled_from(DROP_PS))
     cap = domain_cap(dtype, n)
