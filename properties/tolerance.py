@@ -355,6 +355,32 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, y: np.ndarray, table_d
     return SAFETY * (u_cast + u_in) * prod + p.store * np.abs(y) + 3 * p.floor
 
 
+def rope_pair_norm(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, y: np.ndarray, table_dtype: torch.dtype,
+                   p: Precision) -> tuple[np.ndarray, np.ndarray]:
+    """The norm of each output pair (y_2i, y_2i+1) and its allowed error, derived for the
+    norm itself.
+
+    [[c, -s], [s, c]] is a rotation scaled by r = sqrt(c^2 + s^2), whatever the tables
+    hold, so the exact map of the tables as given sends a pair of norm |x| to one of
+    norm r |x| (r = 1 within the tables' rounding for tables of real angles; the check
+    compares with r |x|, computed in fp64, and so needs no assumption on the tables). The
+    computed pair differs from the exact one by the error vector (e_0, e_1), and
+    | |y_hat| - |y| | <= |(e_0, e_1)| = sqrt(e_0^2 + e_1^2): the two component errors add
+    in quadrature, not linearly. Each e_k is the component's arithmetic (SAFETY u(x) times
+    its two products, as in ``rope``), its store (u_out |y_k|) and three floors near
+    underflow. A plain PyTorch rope that casts the tables to x's dtype rotates by the
+    cast tables instead: their norm factor moves by at most u_cast, i.e. u_cast r |x|.
+    Returns (r |x|, allowance) per pair."""
+    u_in = unit_roundoff(p.dtype)
+    u_cast = u_in if (table_dtype != p.dtype and p.dtype != torch.float32) else 0.0
+    xa, xb, ya, yb = x[..., 0::2], x[..., 1::2], y[..., 0::2], y[..., 1::2]
+    r = np.hypot(cos, sin)
+    norm = r * np.hypot(xa, xb)
+    e0 = SAFETY * u_in * (np.abs(xa * cos) + np.abs(xb * sin)) + p.store * np.abs(ya) + 3 * p.floor
+    e1 = SAFETY * u_in * (np.abs(xa * sin) + np.abs(xb * cos)) + p.store * np.abs(yb) + 3 * p.floor
+    return norm, u_cast * norm + np.hypot(e0, e1) + 2 * unit_roundoff(torch.float64) * norm
+
+
 def _swiglu_sigmoid_parts(g: np.ndarray):
     """sigmoid(g), 1 - sigmoid(g) and exp(-|g|), all exact in fp64 (no cancellation)."""
     e = np.exp(-np.abs(g))
