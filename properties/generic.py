@@ -69,15 +69,14 @@ def with_upstream(op: OpSpec, dtype: torch.dtype) -> st.SearchStrategy[Case]:
     return op.cases(dtype).flatmap(add)
 
 
-def require_grad_fn(op: OpSpec, impl: Implementation, outs: Mapping[str, torch.Tensor],
-                    names: tuple[str, ...] | None = None) -> None:
+def require_grad_fn(op: OpSpec, impl: Implementation, outs: Mapping[str, torch.Tensor]) -> None:
     """Fail when an output the contract differentiates carries no ``grad_fn``.
 
     Called only for implementations that did not declare ``supports_backward = False``:
     for them the contract promises a gradient on every input, so a detached output (on
     some inputs only, e.g. a wrapper that bypasses its autograd Function for long rows)
     is a broken promise, not a case to skip."""
-    for name in names or op.grad_outputs:
+    for name in op.grad_outputs:
         if outs[name].grad_fn is None:
             raise AssertionError(
                 f"output {name!r} of {impl.name} carries no grad_fn although its inputs "
