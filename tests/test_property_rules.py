@@ -60,3 +60,20 @@ def test_online_merge_is_the_logsumexp_of_all_blocks():
     merged = _online_merge(lses)
     assert np.allclose(merged[0], full[0], rtol=0, atol=1e-12)
     assert np.allclose(merged[1:], np.logaddexp.reduce(s, axis=-1)[1:], rtol=0, atol=1e-12)
+
+
+def test_online_lse_catches_an_lse_that_is_the_max_score_without_the_reference():
+    # the blocks' maxima merge to more than the full maximum: no fp64 reference involved
+    def max_as_lse(q, k, v, causal=False, sm_scale=None):
+        scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+        s = (q.float() @ k.float().transpose(-1, -2)) * scale
+        return torch.softmax(s, dim=-1).to(q.dtype) @ v, s.amax(-1)
+
+    max_as_lse.uses_triton = False
+    impl = registry.Implementation.of("attention", max_as_lse)
+    check = {c.name: c for c in OPS["attention"].checks}["online_lse_matches_full"]
+    spec = {n: TensorSpec((1, 1, 8, 16), "float32", seed=i) for i, n in enumerate("qkv")}
+    case = Case("attention", "float32", ("q", "k", "v", "causal", "sm_scale"), spec,
+                {"causal": False, "sm_scale": None, "key_cuts": (3, 5)})
+    with pytest.raises(AssertionError, match="online merge"):
+        check.run(case, impl)
