@@ -110,3 +110,18 @@ huge_logit_rows_zeroed = mutant(
         "near the dtype's max) in a row that fits one block.",
     kills=("matches_reference", "rows_sum_to_one"),
 )
+
+long_rows_detached = mutant(
+    "softmax", kernel,
+    [("    return _Softmax.apply(x, float(temperature))",
+      "    if x.shape[-1] > 64:\n"
+      "        return _launch_fwd(_rows(x), float(temperature)).view(x.shape)\n"
+      "    return _Softmax.apply(x, float(temperature))")],
+    name="long_rows_detached",
+    bug="Rows longer than 64 go straight to the forward launch, around the autograd Function, "
+        "so the output carries no grad_fn and no gradient reaches x. Class: a fast path that "
+        "forgets autograd (an inference-only branch reached in training). Trigger: any row "
+        "longer than 64 with x requiring grad; shorter rows are differentiable, so the bug "
+        "shows only on some draws.",
+    kills=("gradients_match_reference", "deterministic"),
+)

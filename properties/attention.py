@@ -38,11 +38,11 @@ from hypothesis import strategies as st
 
 from properties import backend, tolerance
 from properties.config import CONFIG
-from properties.generic import generic_checks, precision, run, with_upstream
+from properties.generic import generic_checks, precision, require_grad_fn, run, with_upstream
 from properties.generic import gradients_match_reference as _generic_gradients_match_reference
 from properties.limits import NO_LIMITS, Limits
 from properties.oracle import assert_close, assert_identical, to_numpy
-from properties.registry import Check, Implementation, OpSpec, register
+from properties.registry import OPS, Check, Implementation, OpSpec, register
 from properties.strategies import Case, Layout, TensorSpec, layouts, special_values, tensors
 from references import attention as ref
 
@@ -268,9 +268,7 @@ def causal_gradient_respected(case: Case, impl: Implementation) -> None:
     for name in ("q", "k", "v"):
         values[name] = values[name].detach().requires_grad_(True)
     _, outs = run(case, impl, values)
-    if outs["o"].grad_fn is None:
-        from properties.registry import NotApplicable
-        raise NotApplicable(f"output 'o' of {impl.name} carries no grad_fn (no backward)")
+    require_grad_fn(OPS["attention"], impl, outs)
     dq, dk, dv = torch.autograd.grad(outs["o"], (values["q"], values["k"], values["v"]), keep)
     what = f"with the upstream gradient only on row {i}"
     for name, g, rows in (("dk", dk, slice(i + 1, None)), ("dv", dv, slice(i + 1, None))):
@@ -282,52 +280,115 @@ def causal_gradient_respected(case: Case, impl: Implementation) -> None:
     assert_identical("dq", torch.zeros_like(part), part, f"{what}, dq of the other rows is not zero")
 
 
+@st.composite
+def _key_blocks(draw, op: OpSpec, dtype: torch.dtype, causal: bool | None = None) -> Case:
+    """Attention cases with >= 2 keys and 1-2 cut points splitting the keys into blocks
+    (``params["key_cuts"]``, not an argument of the op)."""
+    case = draw(op.cases(dtype, causal=causal, min_n=2))  # op.cases: inside the declared limits
+    n_k = case.tensors["k"].shape[-2]
+    # one or two cuts: two to three blocks (each block is one more kernel call, two when causal)
+    cuts = draw(st.lists(st.integers(1, n_k - 1), min_size=1, max_size=2, unique=True))
+    return dataclasses.replace(case, params={**case.params, "key_cuts": tuple(sorted(cuts))})
+
+
+def _key_block_cases(causal: bool | None = None):
+    return lambda op, dtype: _key_blocks(op, dtype, causal)
+
+
+def _sliced(values: dict, name: str, rows: slice) -> torch.Tensor:
+    return values[name][..., rows, :].contiguous()
+
+
+def _block_call(case: Case, impl: Implementation, values: dict, q_rows: slice, keys: slice, causal: bool):
+    """impl on q[q_rows] against keys and values[keys]: o, lse and their allowances
+    (the derived rule for that call), fp64 NumPy."""
+    part = {**values, "causal": causal, "q": _sliced(values, "q", q_rows),
+            "k": _sliced(values, "k", keys), "v": _sliced(values, "v", keys)}
+    _, outs = run(case, impl, part)
+    q, k, v = (to_numpy(part[n]) for n in ("q", "k", "v"))
+    o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"])
+    a_o, a_lse = tolerance.attention(q, k, v, o, lse, causal, _scale_of(case), precision(impl, case))
+    return to_numpy(outs["o"]), to_numpy(outs["lse"]), a_o, a_lse
+
+
+def _key_block_parts(case: Case, impl: Implementation, values: dict) -> list[tuple]:
+    """For each block of keys [a, b) (cut at ``key_cuts``), every query row's (o_j, lse_j,
+    allowance of o_j, allowance of lse_j) over that block alone, as the implementation
+    computes it. Causal (Nq == Nk): rows a..b-1 see a causal diagonal block (a causal
+    call on q, k, v[a:b]), rows >= b all of it (a non-causal call), rows < a none of it
+    (lse_j = -inf, weight 0): the block decomposition a causal FlashAttention runs."""
+    n_q, n_k = values["q"].shape[-2], values["k"].shape[-2]
+    causal = case.params["causal"]
+    edges = (0,) + tuple(case.params["key_cuts"]) + (n_k,)
+    lead = values["q"].shape[:-2]
+    parts = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        o = np.zeros(lead + (n_q, values["v"].shape[-1]))
+        lse = np.full(lead + (n_q,), -np.inf)
+        a_o, a_lse = np.zeros_like(o), np.zeros_like(lse)
+        calls = [(slice(a, b), True), (slice(b, n_q), False)] if causal else [(slice(0, n_q), False)]
+        for rows, block_causal in calls:
+            if rows.stop > rows.start:
+                o[..., rows, :], lse[..., rows], a_o[..., rows, :], a_lse[..., rows] = _block_call(
+                    case, impl, values, rows, slice(a, b), block_causal)
+        parts.append((o, lse, a_o, a_lse))
+    return parts
+
+
+def _online_merge(lses: list[np.ndarray]) -> np.ndarray:
+    """The online logsumexp recurrence over blocks, in fp64: m <- max(m, lse_j),
+    s <- s e^{m_old - m} + e^{lse_j - m}; lse = m + log s. A block a row does not see
+    (lse_j = -inf) adds nothing."""
+    m = np.full(lses[0].shape, -np.inf)
+    s = np.zeros(lses[0].shape)
+    with np.errstate(invalid="ignore"):
+        for lse_j in lses:
+            m_new = np.maximum(m, lse_j)
+            ref_m = np.where(np.isneginf(m_new), 0.0, m_new)
+            s = s * np.exp(m - ref_m) + np.exp(lse_j - ref_m)
+            m = m_new
+        return m + np.log(s)
+
+
 def online_lse_matches_full(case: Case, impl: Implementation) -> None:
-    """The kernel's lse (an online, blockwise logsumexp) equals the logsumexp of the full
-    fp64 score matrix, max + log(sum exp(s - max)), within the derived lse tolerance."""
+    """The lse over all keys equals the online merge (the logsumexp recurrence, in fp64)
+    of the implementation's own lse over blocks of the keys (drawn cut points; causal
+    rows see causal diagonal blocks and whole earlier blocks). Allowance: the full call's
+    derived lse allowance, plus each block's carried through the merge (d lse / d lse_j
+    = w_j = e^{lse_j - lse}), plus the fp64 merge's rounding."""
     values, outs = run(case, impl)
-    q, k = to_numpy(values["q"]), to_numpy(values["k"])
-    s = (q @ np.swapaxes(k, -1, -2)) * _scale_of(case)
-    if case.params["causal"]:
-        s = np.where(np.triu(np.ones(s.shape[-2:], dtype=bool), 1), -np.inf, s)
-    m = s.max(axis=-1, keepdims=True)
-    full = (m + np.log(np.exp(s - m).sum(axis=-1, keepdims=True)))[..., 0]
-    _, _, a_lse = _allowed(case, impl, values)
     if outs["lse"].dtype != torch.float32:
         raise AssertionError(f"lse has dtype {outs['lse'].dtype}, the contract says float32")
-    assert_close("lse", outs["lse"], full, a_lse, what="online lse differs from the full logsumexp",
-                 dtype=torch.float32, record=False)
+    parts = _key_block_parts(case, impl, values)
+    merged = _online_merge([lse_j for _, lse_j, _, _ in parts])
+    with np.errstate(invalid="ignore", over="ignore"):
+        carried = sum(np.where(np.isneginf(lse_j), 0.0, np.exp(lse_j - merged)) * a_j for _, lse_j, _, a_j in parts)
+        merge_rounding = 4 * len(parts) * tolerance.unit_roundoff(torch.float64) * np.abs(merged)
+    _, _, a_lse = _allowed(case, impl, values)
+    cuts = list(case.params["key_cuts"])
+    assert_close("lse", outs["lse"], merged, a_lse + carried + merge_rounding, dtype=torch.float32, record=False,
+                 what=f"lse over all keys != online merge of the lse over key blocks cut at {cuts}")
 
 
 def split_kv_merge(case: Case, impl: Implementation) -> None:
-    """Non-causal: attention over keys [K1; K2] equals the LSE-weighted merge of the
-    outputs over K1 and over K2: o = (e^lse1 o1 + e^lse2 o2) / (e^lse1 + e^lse2),
-    lse = logaddexp(lse1, lse2). The halves are contiguous copies (the property is
-    about the math, not about views); the allowance is each side's derived tolerance
-    carried through the merge."""
+    """Non-causal: o over all keys equals the merge of o over blocks of the keys (drawn
+    cut points), each weighted by its share of the normaliser, w_j = e^{lse_j - lse},
+    lse = logsumexp_j lse_j (flash-decoding's split-KV reduction, in fp64 from the
+    implementation's own block results). The blocks are contiguous copies (the property
+    is about the math, not about views). Allowance: the full call's derived o allowance,
+    each block's o allowance times w_j, and the weights' movement by the blocks' lse
+    errors, d w_j = w_j (d lse_j - d lse), times |o_j - o|."""
     values, outs = run(case, impl)
-    n_k = values["k"].shape[-2]
-    c = 1 + case.tensors["v"].seed % (n_k - 1)
-    parts = []
-    for sl in (slice(None, c), slice(c, None)):
-        part = dict(values)
-        for name in ("k", "v"):
-            part[name] = values[name][..., sl, :].contiguous()
-        _, o_part = run(case, impl, part)
-        _, a_o, a_lse = _allowed(case, impl, part)
-        parts.append((to_numpy(o_part["o"]), to_numpy(o_part["lse"]), a_o, a_lse))
-    (o1, l1, ao1, al1), (o2, l2, ao2, al2) = parts
-    lse = np.logaddexp(l1, l2)
-    w1, w2 = np.exp(l1 - lse)[..., None], np.exp(l2 - lse)[..., None]
-    merged = w1 * o1 + w2 * o2
-    # d(w1) = w1 w2 (d lse1 - d lse2): the lse errors move the weights
-    a_merged = w1 * ao1 + w2 * ao2 + w1 * w2 * (al1 + al2)[..., None] * np.abs(o1 - o2)
-    _, a_o, a_lse = _allowed(case, impl, values)
-    dtype = getattr(torch, case.dtype)
-    assert_close("o", outs["o"], merged, a_o + a_merged, dtype=dtype, record=False,
-                 what=f"attention over all keys != merge of keys [:{c}] and [{c}:]")
-    assert_close("lse", outs["lse"], lse, a_lse + w1[..., 0] * al1 + w2[..., 0] * al2, dtype=torch.float32,
-                 record=False, what=f"lse over all keys != logaddexp of keys [:{c}] and [{c}:]")
+    parts = _key_block_parts(case, impl, values)
+    lse = _online_merge([lse_j for _, lse_j, _, _ in parts])
+    weights = [np.exp(lse_j - lse)[..., None] for _, lse_j, _, _ in parts]
+    merged = sum(w * o_j for w, (o_j, _, _, _) in zip(weights, parts))
+    lse_err = sum(w * a_lse_j[..., None] for w, (_, _, _, a_lse_j) in zip(weights, parts))
+    carried = sum(w * (a_o_j + np.abs(o_j - merged) * (a_lse_j[..., None] + lse_err))
+                  for w, (o_j, _, a_o_j, a_lse_j) in zip(weights, parts))
+    _, a_o, _ = _allowed(case, impl, values)
+    assert_close("o", outs["o"], merged, a_o + carried, dtype=getattr(torch, case.dtype), record=False,
+                 what=f"attention over all keys != merge of key blocks cut at {list(case.params['key_cuts'])}")
 
 
 def key_permutation_invariant(case: Case, impl: Implementation) -> None:
@@ -412,8 +473,8 @@ register(OpSpec(
         Check("causal_gradient_respected", causal_gradient_respected, cases=_upstream(causal=True, min_n=2),
               needs_backward=True, requires=lambda impl: None if impl.supports_backward
               else f"{impl.name} declares supports_backward = False"),
-        Check("online_lse_matches_full", online_lse_matches_full),
-        Check("split_kv_merge", split_kv_merge, cases=_cases(causal=False, min_n=2)),
+        Check("online_lse_matches_full", online_lse_matches_full, cases=_key_block_cases()),
+        Check("split_kv_merge", split_kv_merge, cases=_key_block_cases(causal=False)),
         Check("key_permutation_invariant", key_permutation_invariant, cases=_cases(causal=False, min_n=2)),
         Check("batch_heads_independent", batch_heads_independent, cases=_cases(min_bh=2)),
         Check("uniform_values_preserved", uniform_values_preserved),

@@ -33,5 +33,11 @@ class RunConfig:
         """The ``small`` or ``large`` variant of a size limit, by the run's size."""
         return large if self.size == "large" else small
 
+    def long_percent(self, small: int = 5) -> int:
+        """Percent of the draws in which ``strategies.lengths`` reaches past 4096: rare
+        on the interpreter, where such a row costs seconds (``small``, per family, from
+        its measured cost), a third on a GPU (nominal shares: see ``lengths``)."""
+        return self.pick(small, 33)
+
 
 CONFIG = RunConfig()

@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import torch
-from hypothesis import assume
 from hypothesis import strategies as st
 
 from properties import tolerance
@@ -83,21 +82,16 @@ def rope_grad_tolerance(case, inputs64, outputs64, grads64, p):
 
 
 def pair_norms_preserved(case: Case, impl: Implementation) -> None:
-    """Each interleaved pair (y_2i, y_2i+1) has the norm of (x_2i, x_2i+1): a rotation
-    preserves it. The tables are cos and sin of real angles rounded to their dtype, so
-    cos^2 + sin^2 is 1 within (1 + u_table)^2 and the exact rotation by the rounded
-    tables changes a pair's norm by a factor within 1 +- u_table; on top of that the
-    two outputs of the pair may err by their allowances."""
+    """Each interleaved pair (y_2i, y_2i+1) has the norm of (x_2i, x_2i+1) times
+    sqrt(cos^2 + sin^2) of the tables as given (1 within their rounding for real angles):
+    [[c, -s], [s, c]] is a scaled rotation. The allowance is derived for the norm
+    (``tolerance.rope_pair_norm``: the two components' rounding errors in quadrature)."""
     values, outs = run(case, impl)
     x, c, s = (to_numpy(values[k]) for k in ("x", "cos", "sin"))
-    u_t = max(tolerance.unit_roundoff(values["cos"].dtype), tolerance.unit_roundoff(values["sin"].dtype))
-    assume(np.all(np.abs(c * c + s * s - 1) <= 2 * u_t + u_t**2))  # tables of real angles only
     y = to_numpy(outs["y"])
-    allowed = tolerance.rope(x, c, s, ref.rope(x, c, s), values["cos"].dtype, precision(impl, case))
-    nx = np.hypot(x[..., 0::2], x[..., 1::2])
+    norm, allowed = tolerance.rope_pair_norm(x, c, s, y, values["cos"].dtype, precision(impl, case))
     ny = np.hypot(y[..., 0::2], y[..., 1::2])
-    assert_close("|(y_2i, y_2i+1)|", torch.from_numpy(ny), nx,
-                 allowed[..., 0::2] + allowed[..., 1::2] + u_t * nx,
+    assert_close("|(y_2i, y_2i+1)|", torch.from_numpy(ny), norm, allowed,
                  what="rope changed the norm of an interleaved pair", dtype=getattr(torch, case.dtype), record=False)
 
 

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from properties import shape_pool
 from properties.config import CONFIG
-from properties.strategies import Case, sizes
+from properties.strategies import Case, lengths, sizes
 
 if TYPE_CHECKING:
     from properties.registry import OpSpec
@@ -236,6 +236,19 @@ class Limits:
         if CONFIG.shapes is None or dim in self.sizes or lo2 > hi2:
             return self.size(dim, lo, hi, blocks=blocks)
         return shape_pool.sizes(op, dtype, dim, lo2, hi2, blocks=blocks, span=span or (lo, hi))
+
+    def length(self, op: str, dtype, dim: str, lo: int, hi: int, *, long_max: int, long_percent: int,
+               blocks: Sequence[int] = ()) -> st.SearchStrategy[int]:
+        """A row length: :func:`properties.strategies.lengths` (the everyday range, and
+        now and then one past 4096, up to ``long_max``) inside the limits; with
+        ``--shapes N`` or declared sizes, :meth:`specialised` over the whole range."""
+        if CONFIG.shapes is not None or dim in self.sizes:
+            return self.specialised(op, dtype, dim, lo, hi, blocks=blocks, span=(lo, max(hi, long_max)))
+        cap = self.max_size.get(dim, long_max)
+        lo2 = max(lo, self.min_size.get(dim, lo))
+        if lo2 > min(hi, cap):
+            return self.size(dim, lo, hi, blocks=blocks)
+        return lengths(lo2, min(hi, cap), long_max=min(long_max, cap), long_percent=long_percent, blocks=blocks)
 
     def specialised_pick(self, op: str, dtype, dim: str, pool: Sequence[int]) -> st.SearchStrategy[int]:
         """:meth:`pick` for a specialised dim drawn from a list (head dims): with

@@ -32,6 +32,14 @@ from references import norms as ref
 BLOCKS = (64, 4096)  # the kernel's column-block caps (interpreter, GPU): rows past one block loop
 LN_ROW_BLOCKS = 16  # small profile: rows x ceil(N / 64) per layer_norm case
 DROPOUT_ROW_BLOCKS = 8  # and per dropout case (Philox under the interpreter is slow)
+# Longest row of the interpreter's long branch: one layer_norm row of 4097 takes 1.4 s
+# forward and backward there (65537: 21 s), so the CPU profile stops just past 4096.
+# Dropout gets none on CPU: one dropout row of 4097 takes 4 s forward (65537: 83 s), and
+# with rows up to 4099 one test (float32 seed_reproducible) took 274 s of a 339 s op run.
+# The GPU profile reaches past 2**17 for both.
+LN_LONG_SMALL = 4099
+DROPOUT_LONG_SMALL = 0
+LONG_ROW = 2**17 + 3
 EPSILONS = (1e-5, 1e-6, 1e-2)
 DROP_PS = (0.0, 0.1, 0.5, 0.9)
 # "offset" twice: a large common offset (|mean| >> std) is the hazard of a norm (a
@@ -50,13 +58,17 @@ def domain_cap(dtype: torch.dtype, n: int) -> float:
 
 
 @st.composite
-def _shape(draw, row_blocks: int, limits: Limits, op: str, dtype: torch.dtype) -> tuple[int, ...]:
+def _shape(draw, row_blocks: int, long_max_small: int, limits: Limits, op: str,
+           dtype: torch.dtype) -> tuple[int, ...]:
     """Rows of any length (past one column block included) under 0-2 leading dims.
 
     On the interpreter a call costs about (rows x column blocks of 64) programs-worth
     of work (the dropout kernel's Philox is the dearest), so the small profile bounds
-    that product by ``row_blocks``: up to 12 rows of N <= 64, 2-3 rows of N ~ 300."""
-    n = draw(limits.specialised(op, dtype, "N", 1, CONFIG.pick(300, 16384), blocks=BLOCKS))
+    that product by ``row_blocks``: up to 12 rows of N <= 64, 2-3 rows of N ~ 300.
+    Rarely (``strategies.lengths``) a row reaches past 4096, up to ``long_max_small`` on
+    the interpreter and past 2**17 on a GPU."""
+    n = draw(limits.length(op, dtype, "N", 1, CONFIG.pick(300, 16384), long_max=CONFIG.pick(long_max_small, LONG_ROW),
+                           long_percent=CONFIG.long_percent(3), blocks=BLOCKS))
     small_rows = max(1, row_blocks // -(-n // BLOCKS[0]))
     max_rows = max(1, min(CONFIG.pick(min(12, small_rows), 4096), CONFIG.pick(2**12, 2**21) // n))
     lead = tuple(draw(st.lists(sizes(1, max_rows), max_size=2).filter(lambda d: math.prod(d) <= max_rows)))
@@ -74,7 +86,7 @@ def _affine(draw, n: int, dtype: torch.dtype) -> tuple[TensorSpec, TensorSpec]:
 @st.composite
 def layer_norm_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
     """x [..., N] in any layout and value family of the domain; strided weight/bias."""
-    shape = draw(_shape(LN_ROW_BLOCKS, limits, "layer_norm", dtype))
+    shape = draw(_shape(LN_ROW_BLOCKS, LN_LONG_SMALL, limits, "layer_norm", dtype))
     n = shape[-1]
     cap = domain_cap(dtype, n)
     x = draw(tensors(shape, dtype, families=X_FAMILIES, max_magnitude=cap,
@@ -88,7 +100,7 @@ def layer_norm_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Ca
 @st.composite
 def dropout_residual_layer_norm_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
     """x and residual [..., N] in any layouts and value families of the domain, p, seed."""
-    shape = draw(_shape(DROPOUT_ROW_BLOCKS, limits, "dropout_residual_layer_norm", dtype))
+    shape = draw(_shape(DROPOUT_ROW_BLOCKS, DROPOUT_LONG_SMALL, limits, "dropout_residual_layer_norm", dtype))
     n = shape[-1]
     p = draw(st.sampled_from(DROP_PS))
     cap = domain_cap(dtype, n)

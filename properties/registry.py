@@ -32,10 +32,6 @@ from properties.strategies import FLOAT_DTYPES, Case
 FAMILIES = ("softmax", "attention", "norms", "linear_attention", "losses", "elementwise")
 
 
-class NotApplicable(Exception):
-    """Raised by a check when a drawn case, or the implementation, cannot be checked."""
-
-
 @dataclass(frozen=True)
 class Check:
     """A property or reference comparison that must hold for every case.

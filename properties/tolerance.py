@@ -204,6 +204,46 @@ def row_sum(allowed: np.ndarray) -> np.ndarray:
     return allowed.sum(axis=-1) + n * unit_roundoff(torch.float64)
 
 
+def softmax_row_sum(x: np.ndarray, y: np.ndarray, temperature: float, p: Precision) -> np.ndarray:
+    """Allowed deviation of each row sum of a softmax output y from 1, derived for the
+    sum itself (not the sum of the elements' allowances).
+
+    Any softmax that normalises by the sum of its own exponentials, y_i = e_i / S with
+    e_i = exp(z_i - m) (1 + eta_i) and S = sum_j e_j (1 + sigma), once per row or
+    online with rescaling, sums to sum_i e_i / S = 1 / (1 + sigma) exactly whatever the
+    e_i are: the exponent errors, the rounding of z = x / T (every e_i sees the same
+    rounded z) and the choice of m cancel. What is left:
+
+    * sigma: the normaliser is a sum of n positive terms, ``sum_error(n)``; the online
+      form rescales its partial sums by exp(m_old - m_new), a per-term relative error
+      that the same sum model covers (each rescale is one more rounding on a partial sum).
+    * a numerator that is recomputed (two-pass online softmax) or rescaled differently
+      from its term in S: exp(z_i - m) against the term's exp(z_i - m_k) exp(m_k - m), the
+      arguments rounded by u |z_i - m_k| + u |m_k - m| = u |z_i - m| (m_k between z_i and
+      m) twice, plus EXP_ULPS u per exp; weighted by y_i in the sum:
+      u (2 EXP_ULPS + 2 sum_i y_i |z_i - m|), and sum_i y_i (m - z_i) = H(y) - log S is
+      at most log n, whatever the size of the logits.
+    * the division e_i / S: u per element, u in the sum.
+    * the store of each y_i in the output dtype: u_out |y_i|, below the output dtype's
+      smallest normal its floor instead (absolute), summed over the row.
+    * the check's own fp64 sum: n u64.
+
+    ``y`` is the implementation's own output (its weights, clipped to [0, 1]), so the
+    allowance needs no reference. -inf entries contribute exactly 0 and drop out of n.
+    """
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        z = x / temperature
+        finite = np.isfinite(z)
+        m = np.max(np.where(finite, z, -np.inf), axis=-1, keepdims=True)
+        gap = np.where(finite & np.isfinite(m), m - z, 0.0)
+    w = np.clip(np.where(np.isfinite(y), y, 0.0), 0.0, 1.0)
+    n = finite.sum(axis=-1)
+    numerator = p.compute * (2 * EXP_ULPS + 1 + 2 * np.sum(w * gap, axis=-1))
+    tiny = float(torch.finfo(p.dtype).tiny)
+    store = p.store * np.sum(w, axis=-1) + p.floor * np.sum(finite & (w < tiny), axis=-1)
+    return SAFETY * (sum_error(n, p.compute) + numerator) + store + x.shape[-1] * unit_roundoff(torch.float64)
+
+
 def ulp(values: np.ndarray, dtype: torch.dtype) -> np.ndarray:
     """Spacing of ``dtype`` at each value (the subnormal spacing below the smallest normal)."""
     info = torch.finfo(dtype)
@@ -364,6 +404,32 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, y: np.ndarray, table_d
     prod[..., 0::2] = np.abs(xa * cos) + np.abs(xb * sin)
     prod[..., 1::2] = np.abs(xa * sin) + np.abs(xb * cos)
     return SAFETY * (u_cast + u_in) * prod + p.store * np.abs(y) + 3 * p.floor
+
+
+def rope_pair_norm(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, y: np.ndarray, table_dtype: torch.dtype,
+                   p: Precision) -> tuple[np.ndarray, np.ndarray]:
+    """The norm of each output pair (y_2i, y_2i+1) and its allowed error, derived for the
+    norm itself.
+
+    [[c, -s], [s, c]] is a rotation scaled by r = sqrt(c^2 + s^2), whatever the tables
+    hold, so the exact map of the tables as given sends a pair of norm |x| to one of
+    norm r |x| (r = 1 within the tables' rounding for tables of real angles; the check
+    compares with r |x|, computed in fp64, and so needs no assumption on the tables). The
+    computed pair differs from the exact one by the error vector (e_0, e_1), and
+    | |y_hat| - |y| | <= |(e_0, e_1)| = sqrt(e_0^2 + e_1^2): the two component errors add
+    in quadrature, not linearly. Each e_k is the component's arithmetic (SAFETY u(x) times
+    its two products, as in ``rope``), its store (u_out |y_k|) and three floors near
+    underflow. A plain PyTorch rope that casts the tables to x's dtype rotates by the
+    cast tables instead: their norm factor moves by at most u_cast, i.e. u_cast r |x|.
+    Returns (r |x|, allowance) per pair."""
+    u_in = unit_roundoff(p.dtype)
+    u_cast = u_in if (table_dtype != p.dtype and p.dtype != torch.float32) else 0.0
+    xa, xb, ya, yb = x[..., 0::2], x[..., 1::2], y[..., 0::2], y[..., 1::2]
+    r = np.hypot(cos, sin)
+    norm = r * np.hypot(xa, xb)
+    e0 = SAFETY * u_in * (np.abs(xa * cos) + np.abs(xb * sin)) + p.store * np.abs(ya) + 3 * p.floor
+    e1 = SAFETY * u_in * (np.abs(xa * sin) + np.abs(xb * cos)) + p.store * np.abs(yb) + 3 * p.floor
+    return norm, u_cast * norm + np.hypot(e0, e1) + 2 * unit_roundoff(torch.float64) * norm
 
 
 def _swiglu_sigmoid_parts(g: np.ndarray):

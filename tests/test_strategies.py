@@ -4,9 +4,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import find, given, settings
+from hypothesis import HealthCheck, find, given, settings
 
-from properties.strategies import Case, Layout, TensorSpec, block_edges, layouts, sizes, tensors
+from properties import registry
+from properties.config import CONFIG
+from properties.strategies import Case, Layout, TensorSpec, block_edges, layouts, lengths, sizes, tensors
 
 
 def test_layout_is_a_view_with_the_promised_strides():
@@ -82,3 +84,47 @@ def test_value_families_draw_what_they_say(family):
         assert abs(abs(v.mean()) - 1e4) < 10
     else:
         assert np.isneginf(v).any() and np.isfinite(v[:, 0]).all()
+
+
+def test_lengths_reach_past_the_common_block_caps_whatever_the_everyday_range():
+    strategy = lengths(1, 100, long_max=2**17 + 3, long_percent=5)
+    assert find(strategy, lambda n: n > 65536) > 65536
+    assert find(strategy, lambda n: 4096 < n <= 8192) > 4096
+    assert find(strategy, lambda n: True) == 1  # shrinks to the everyday branch
+    with pytest.raises(ValueError, match="long_percent"):
+        lengths(1, 100, long_max=10**5, long_percent=101)
+
+
+def _drawn_row_lengths(strategy, count: int) -> list[int]:
+    got = []
+
+    @given(case=strategy)
+    @settings(max_examples=count, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    def draw(case):
+        got.append(case.tensors[next(iter(case.tensors))].shape[-1])
+
+    draw()
+    return got
+
+
+@pytest.mark.parametrize("op", ["softmax", "cross_entropy", "layer_norm"])  # dropout: GPU only (norms.py)
+def test_row_wide_ops_draw_rows_past_4096_on_the_cpu_profile(op, monkeypatch):
+    # A kernel with 4096-wide blocks must meet its multi-block path in a CPU run: with
+    # 20 examples per test and 7-11 checks per dtype, a few percent of draws is enough.
+    ops = registry.load()
+    monkeypatch.setattr(CONFIG, "size", "small")  # the sizes of the ci profile, on any machine
+    n = _drawn_row_lengths(ops[op].cases(torch.float16), 300)
+    assert sum(v > 4096 for v in n) >= 3, f"{op}: {sum(v > 4096 for v in n)} of 300 rows past 4096"
+    assert sum(v > 4096 for v in n) <= 30, f"{op}: the long branch is too dear for the interpreter"
+
+
+def test_softmax_rows_independent_always_has_two_rows():
+    check = {c.name: c for c in registry.load()["softmax"].checks}["rows_independent"]
+
+    @given(case=check.cases(registry.OPS["softmax"], torch.float16))
+    @settings(max_examples=60, deadline=None, database=None)
+    def rows(case):
+        assert math.prod(case.tensors["x"].shape[:-1]) >= 2
+
+    rows()

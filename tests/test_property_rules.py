@@ -1,0 +1,79 @@
+"""The allowances derived for properties themselves (not borrowed from matches_reference)
+are tight where the property is exact, and fail the bugs they are meant to see."""
+import numpy as np
+import pytest
+import torch
+
+from properties import registry, tolerance
+from properties.attention import _online_merge
+from properties.strategies import Case, TensorSpec
+from properties.tolerance import Precision
+
+OPS = registry.load()
+
+
+def test_row_sum_allowance_stays_small_for_huge_logits():
+    # the per-element softmax rule allowed ~1 for the top entry here; the row sum cannot
+    x = np.array([[3e38, -3e38, 1e38]])
+    y = np.array([[1.0, 0.0, 0.0]])
+    allowed = tolerance.softmax_row_sum(x, y, 1.0, Precision.of(torch.float32, "interpret"))
+    assert allowed[0] < 1e-5
+
+
+def test_rows_sum_to_one_fails_a_softmax_that_zeroes_huge_logit_rows():
+    def zero_huge_rows(x, temperature=1.0):
+        y = torch.softmax(x.float() / temperature, dim=-1)
+        return torch.where(x.float().amax(-1, keepdim=True) > 1e30, 0.0, y).to(x.dtype)
+
+    zero_huge_rows.uses_triton = False
+    impl = registry.Implementation.of("softmax", zero_huge_rows)
+    check = {c.name: c for c in OPS["softmax"].checks}["rows_sum_to_one"]
+    case = Case("softmax", "float32", ("x", "temperature"),
+                {"x": TensorSpec((2, 5), "float32", family="near_max", seed=7)}, {"temperature": 1.0})
+    with pytest.raises(AssertionError, match="rows do not sum to one"):
+        check.run(case, impl)
+
+
+def test_row_sum_allowance_covers_store_rounding_of_a_long_row():
+    n = 131075
+    x = np.zeros((1, n))
+    y = torch.full((1, n), 1.0 / n, dtype=torch.float16).double().numpy()
+    allowed = tolerance.softmax_row_sum(x, y, 1.0, Precision.of(torch.float16, "cuda"))
+    assert abs(y.sum() - 1) <= allowed[0] < 0.02
+
+
+def test_pair_norm_is_exact_for_scaled_tables():
+    x = np.array([[3.0, 4.0]])
+    cos, sin = np.array([[2.0]]), np.array([[0.0]])
+    y = np.array([[6.0, 8.0]])
+    norm, allowed = tolerance.rope_pair_norm(x, cos, sin, y, torch.float32, Precision.of(torch.float32, "cuda"))
+    assert norm[0, 0] == 10.0 and allowed[0, 0] < 1e-5
+
+
+def test_online_merge_is_the_logsumexp_of_all_blocks():
+    rng = np.random.default_rng(0)
+    s = rng.standard_normal((3, 10)) * 30
+    blocks = [s[:, :3], s[:, 3:4], s[:, 4:]]
+    lses = [np.logaddexp.reduce(b, axis=-1) for b in blocks]
+    lses[1][0] = -np.inf  # a block row 0 does not see
+    full = np.logaddexp.reduce(np.concatenate([blocks[0], blocks[2]], axis=-1), axis=-1)
+    merged = _online_merge(lses)
+    assert np.allclose(merged[0], full[0], rtol=0, atol=1e-12)
+    assert np.allclose(merged[1:], np.logaddexp.reduce(s, axis=-1)[1:], rtol=0, atol=1e-12)
+
+
+def test_online_lse_catches_an_lse_that_is_the_max_score_without_the_reference():
+    # the blocks' maxima merge to more than the full maximum: no fp64 reference involved
+    def max_as_lse(q, k, v, causal=False, sm_scale=None):
+        scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+        s = (q.float() @ k.float().transpose(-1, -2)) * scale
+        return torch.softmax(s, dim=-1).to(q.dtype) @ v, s.amax(-1)
+
+    max_as_lse.uses_triton = False
+    impl = registry.Implementation.of("attention", max_as_lse)
+    check = {c.name: c for c in OPS["attention"].checks}["online_lse_matches_full"]
+    spec = {n: TensorSpec((1, 1, 8, 16), "float32", seed=i) for i, n in enumerate("qkv")}
+    case = Case("attention", "float32", ("q", "k", "v", "causal", "sm_scale"), spec,
+                {"causal": False, "sm_scale": None, "key_cuts": (3, 5)})
+    with pytest.raises(AssertionError, match="online merge"):
+        check.run(case, impl)
