@@ -17,6 +17,7 @@ if not torch.cuda.is_available():
 from controls import elementwise as controls  # noqa: E402
 from kernels import elementwise as kmod  # noqa: E402
 from kernels.elementwise import rope, swiglu  # noqa: E402
+from properties import registry  # noqa: E402
 from references import elementwise as ref  # noqa: E402
 
 DEVICE = torch.device("cpu" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "cuda")
@@ -24,10 +25,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Loose smoke bounds, relative to the output's scale: fp32 compute, one rounding (or, for
 # bf16 under the interpreter, one truncation) on store.
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
-CHECKS = {
-    "rope": {"matches_reference", "gradients_match_reference", "pair_norms_preserved", "deterministic", "inputs_unchanged"},
-    "swiglu": {"matches_reference", "gradients_match_reference", "deterministic", "inputs_unchanged"},
-}
+CHECKS = {op: {c.name for c in registry.load()[op].checks} for op in ("rope", "swiglu")}
 
 
 def _gen(seed):
@@ -305,7 +303,8 @@ def _mutants():
 
 def test_mutants_declared():
     mus = _mutants()
-    assert set(mus) == {"half_split_pairs", "sin_sign_flipped", "backward_same_rotation", "sigmoid_overflow", "dup_missing_sigmoid"}
+    assert set(mus) == {"half_split_pairs", "sin_sign_flipped", "backward_same_rotation", "last_row_block_unwritten",
+                        "sigmoid_overflow", "dup_missing_sigmoid", "gradients_into_saved_inputs"}
     for name, m in mus.items():
         assert m.name == name and set(m.kills) <= CHECKS[m.op], (name, m.kills)
 

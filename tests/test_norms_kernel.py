@@ -309,10 +309,10 @@ def _ln_fwd_gap(fn, x, n):
     return float((fn(x, w, b).double() - layer_norm(x, w, b).double()).abs().nan_to_num(1e9).max())
 
 
-def _ln_grad_gap(fn, shape, layout="contiguous"):
+def _ln_grad_gap(fn, shape, layout="contiguous", dtype=torch.float32):
     n = shape[-1]
-    x0 = _layout(_rand(shape, seed=33, offset=1.0), layout)
-    w0, b0, dy = _rand((n,), seed=34), _rand((n,), seed=35), _rand(shape, seed=36)
+    x0 = _layout(_rand(shape, dtype, seed=33, offset=1.0), layout)
+    w0, b0, dy = _rand((n,), dtype, seed=34), _rand((n,), dtype, seed=35), _rand(shape, dtype, seed=36)
     grads = []
     for f in (fn, layer_norm):
         x, w, b = (t.detach().clone().requires_grad_() for t in (x0, w0, b0))
@@ -358,6 +358,7 @@ MUTANT_TRIGGERS = {
     "eps_outside_sqrt": (lambda f: _ln_fwd_gap(f, _rand((4, 37), seed=43, scale=1e-3), 37), 0.1),
     "backward_missing_xhat_term": (lambda f: _ln_grad_gap(f, (3, 37)), 0.05),
     "dweight_partial_rows": (lambda f: _ln_grad_gap(f, (_group_cap(f) + 2, 8)), 0.1),
+    "bf16_large_batch_param_grads_zeroed": (lambda f: _ln_grad_gap(f, (_group_cap(f) + 2, 8), dtype=torch.bfloat16), 0.1),
     "dweight_skips_last_group": (lambda f: _ln_grad_gap(f, (6, 37)), 0.1),
     "assumes_contiguous_rows": (lambda f: _ln_grad_gap(f, (4, 37), "transposed"), 0.1),
     "dropout_unscaled": (lambda f: _drop_gap(f), 0.05),
