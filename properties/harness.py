@@ -27,7 +27,7 @@ from properties.config import CONFIG
 from properties.generic import rule_name
 from properties.limits import OutsideLimits
 from properties.oracle import recording
-from properties.poisoning import poisoned_allocations
+from properties.poisoning import poisoned_allocations_for
 from properties.refusals import Refusal
 from properties.registry import Check, Implementation, OpSpec
 from properties.strategies import Case
@@ -90,7 +90,7 @@ class Target:
         sink = _collector.sink(self, case) if _collector is not None and self.check.name in RECORDED_CHECKS else None
         invalid, refused, start = False, False, time.perf_counter()
         try:
-            with poisoned_allocations(), (recording(sink) if sink is not None else contextlib.nullcontext()):
+            with poisoned_allocations_for(self.impl.fn), (recording(sink) if sink is not None else contextlib.nullcontext()):
                 self.check.run(case, self.impl)
         except UnsatisfiedAssumption:
             invalid = True

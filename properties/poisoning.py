@@ -10,7 +10,13 @@ instead of by luck.
 
 Deterministic algorithms are switched on in their ``warn_only`` mode: an op without
 a deterministic implementation keeps working (the suite only wants the fill), and
-its warning is not the user's concern here, so it is not shown.
+its warning is not the user's concern here, so it is not shown. The mode also makes
+some PyTorch ops pick another algorithm (on an H100, ``scaled_dot_product_attention``'s
+float32 backward stopped being bitwise repeatable under it, and plain-PyTorch linear
+attention's float16/bfloat16 results moved), so an implementation that declares
+``uses_triton = False`` (plain PyTorch, whose ops always write their outputs) runs
+without it: checking it under another algorithm than the one it runs in production
+would check something else.
 """
 from __future__ import annotations
 
@@ -36,3 +42,9 @@ def poisoned_allocations() -> Iterator[None]:
     finally:
         torch.use_deterministic_algorithms(was_on, warn_only=was_warn_only)
         torch.utils.deterministic.fill_uninitialized_memory = was_filling
+
+
+def poisoned_allocations_for(fn) -> contextlib.AbstractContextManager:
+    """:func:`poisoned_allocations` for a Triton implementation ``fn``, nothing for one
+    that declares ``uses_triton = False``."""
+    return contextlib.nullcontext() if getattr(fn, "uses_triton", True) is False else poisoned_allocations()

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from properties import backend, registry
 from properties.oracle import InvalidAllowance
-from properties.poisoning import poisoned_allocations
+from properties.poisoning import poisoned_allocations_for
 from properties.registry import Check, Implementation, OpSpec
 
 # Correct implementations per op, as a user would write them.
@@ -116,7 +116,7 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
     @given(case=strategy)
     def search(case):
         try:
-            with poisoned_allocations():  # as in a user's run (harness.Target.run)
+            with poisoned_allocations_for(impl.fn):  # as in a user's run (harness.Target.run)
                 check.run(case, impl)
         except InvalidAllowance:
             crashed_on.append(case.describe())
