@@ -9,6 +9,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from properties.declarations import ExpectedFailure
+
 
 def _scale(sm_scale, head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
@@ -79,8 +81,25 @@ _CPU_FLASH_NAN = (
     "torch's CPU flash-attention backward (what F.scaled_dot_product_attention runs on CPU) returns "
     "NaN in dq and dk once scores pass about 1e11: q ~ N(0, 0.1^2), k ~ N(0, 1e14^2), scale 1e-3, "
     "causal, [1, 1, 65, 64] gave 192 NaN in dq (1408 with the upstream gradient on one row), in "
-    "float32 and bfloat16 (torch 2.13 CPU); the math backend and fp64 autograd stay finite. "
-    "Not seen on CUDA (H100, torch 2.11: both checks pass)"
+    "float32 and bfloat16 (torch 2.13 CPU); the math backend and fp64 autograd stay finite"
 )
-sdpa.expected_failures = {("gradients_match_reference", "interpret"): _CPU_FLASH_NAN,
-                          ("causal_gradient_respected", "interpret"): _CPU_FLASH_NAN}
+_CUDA_F32_ATOMICS = (
+    "on CUDA, F.scaled_dot_product_attention's float32 backward (the memory-efficient kernel) "
+    "accumulates dq with atomics: two backwards of one graph, or of two identical calls, differed "
+    "in 23283 of 95040 dq elements by about 1e-16 relative from row 64 on (H100, torch 2.11); "
+    "PyTorch documents that backward as nondeterministic"
+)
+_CUDA_F32_MASKED_NAN = (
+    "on CUDA, F.scaled_dot_product_attention's float32 causal backward returned NaN in dk of keys "
+    "that no row with an upstream gradient can see: 1104 of 17856 elements, upstream gradient on "
+    "row 4 only, q and k constant at scale 1e-3 (H100, torch 2.11); fp64 autograd gives 0 there. "
+    "Seen on some inputs only"
+)
+sdpa.expected_failures = (
+    ExpectedFailure("gradients_match_reference", _CPU_FLASH_NAN, backends=("interpret",)),
+    ExpectedFailure("causal_gradient_respected", _CPU_FLASH_NAN, backends=("interpret",)),
+    ExpectedFailure("deterministic", _CUDA_F32_ATOMICS, dtypes=("float32",), backends=("cuda",), strict=False),
+    ExpectedFailure("backward_repeatable", _CUDA_F32_ATOMICS, dtypes=("float32",), backends=("cuda",), strict=False),
+    ExpectedFailure("causal_gradient_respected", _CUDA_F32_MASKED_NAN, dtypes=("float32",), backends=("cuda",),
+                    strict=False),
+)

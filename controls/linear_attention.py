@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from properties.declarations import ExpectedFailure
+
 
 def torch_elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     """``elu(x) + 1`` in ``x``'s dtype."""
@@ -50,6 +52,19 @@ torch_elu_feature_map.expected_failures = {
     ),
 }
 
+
+# Seen on an H100 (torch 2.11) after the strategies changed: not yet analysed, so not strict.
+torch_linear_attention.expected_failures = (
+    ExpectedFailure("matches_reference", (
+        "on CUDA in bfloat16, the causal cumsum form was 1.76x the allowance (20 ulp of bf16 at an "
+        "output of 0.054; [2, 3, 1472, 15] q constant 1e-4): the rule for a cumsum of [D, Dv] states "
+        "in the input dtype is suspected to miss a term; not yet derived"), dtypes=("bfloat16",),
+        backends=("cuda",), strict=False),
+    ExpectedFailure("last_causal_equals_bidirectional", (
+        "on CUDA in float16, the cumsum (causal) and sum (bidirectional) paths of plain PyTorch differed in "
+        "all 128 elements of the last row for inputs constant at scale 1000 (fp16 products near its "
+        "max); not yet analysed"), dtypes=("float16",), backends=("cuda",), strict=False),
+)
 
 # Plain PyTorch: the Triton interpreter's limits (bf16 tl.dot) do not apply.
 torch_elu_feature_map.uses_triton = torch_linear_attention.uses_triton = False
