@@ -24,6 +24,8 @@ from liger_kernel.ops.rope import LigerRopeFunction
 from liger_kernel.ops.softmax import LigerSoftmaxFunction
 from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 
+from properties.declarations import ExpectedFailure
+
 MAX_FUSED_SIZE = 65536  # liger_kernel.ops.utils.calculate_settings: one block per row, at most this long
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -83,3 +85,10 @@ for _fn in (softmax, cross_entropy, rope, swiglu, layer_norm):
 for _fn in (softmax, swiglu, layer_norm):
     _fn.limits = {"max_size": {"N": MAX_FUSED_SIZE}}
 rope.limits = {"same_dtype": ("cos", "sin")}
+# A stated contract difference, not a bug (docs/third-party/liger.md, finding 3): the loss comes
+# back in the logits' dtype, so loss(logits + c) and loss(logits) differ by its rounding.
+# matches_reference is judged with --tolerance parity instead (examples/liger/run.sh).
+cross_entropy.expected_failures = (ExpectedFailure(
+    "shift_invariant", "Liger returns the loss in the logits' dtype: one float16/bfloat16 rounding of the loss "
+    "(5.7e-5 at a loss of 0.483 in float16 on an H100), which the contract's float32 loss does not have",
+    dtypes=("float16", "bfloat16"), strict=False),)
