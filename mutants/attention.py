@@ -52,7 +52,10 @@ accumulator_not_rescaled = mutant(
 # The shared causal-mask helper drops the diagonal: key j = i is masked too. Row 0 has
 # no key left (o = NaN, lse = -inf); other rows lose their own key. Future keys stay
 # masked, so causal_mask_respected / causal_gradient_respected / batch_heads_independent
-# fail only through row 0's NaN (NaN != NaN), which is not listed as a kill.
+# fail only through row 0's NaN (NaN != NaN), which is not listed as a kill. Nor is
+# online_lse_matches_full now that it compares the implementation's block-wise lse with its
+# own full one: the blocks drop the same diagonal, so the two agree (it survived all three
+# dtypes in the CI run of 2026-11-23).
 causal_off_by_one = mutant(
     "attention", _kernel,
     [("return offs_n[None, :] <= offs_m[:, None]",
@@ -61,7 +64,7 @@ causal_off_by_one = mutant(
     bug="Causal mask j >= i instead of j > i (diagonal excluded; an off-by-one in the "
         "mask comparison). Triggers on every causal input: row 0 becomes NaN, the "
         "other rows ignore their own key. Applies to forward and backward.",
-    kills=("matches_reference", "gradients_match_reference", "online_lse_matches_full"),
+    kills=("matches_reference", "gradients_match_reference"),
 )
 
 # The mask lets key j = i + 1 through (in forward and backward, one shared helper).
@@ -110,7 +113,10 @@ strides_assumed_contiguous = mutant(
 )
 
 # lse written at (head * Nq + row) instead of ((batch * H + head) * Nq + row): every
-# batch writes over batch 0 and the other batches' lse are never written.
+# batch writes over batch 0 and the other batches' lse are never written. Not a kill of
+# online_lse_matches_full: the full call and the block calls leave the same batches
+# unwritten, and with fresh allocations filled with NaN both read NaN there (it survived all
+# three dtypes in the CI run of 2026-11-23; garbage used to differ between the calls by luck).
 lse_ignores_batch_index = mutant(
     "attention", _kernel,
     [("tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=m_valid)",
@@ -119,8 +125,7 @@ lse_ignores_batch_index = mutant(
     bug="The lse output pointer is offset by the head index only, not batch * H + head "
         "(a flattened-index bug). Triggers when B > 1: batch 0 gets the last batch's "
         "lse, the others keep uninitialised memory, and the backward uses them.",
-    kills=("matches_reference", "gradients_match_reference", "online_lse_matches_full",
-           "batch_heads_independent"),
+    kills=("matches_reference", "gradients_match_reference", "batch_heads_independent"),
 )
 
 # Backward: dk not multiplied by sm_scale (ds / dk = sm_scale q). Forward untouched.

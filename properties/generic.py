@@ -14,7 +14,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from properties import backend, parity, tolerance
-from properties.oracle import assert_identical, to_numpy
+from properties.oracle import allowance_mostly_vacuous, assert_identical, to_numpy
 from properties.registry import OPS, Check, Implementation, OpSpec
 from properties.strategies import Case, tensors
 from properties.tolerance import Precision
@@ -140,6 +140,11 @@ def gradients_match_reference(case: Case, impl: Implementation, in_domain=None, 
     allowed = op.grad_tolerance(case, np_in, np_out, np_grads, precision(impl, case))
     if max_allowed is not None:
         assume(max(float(np.max(a)) for a in allowed.values()) <= max_allowed)
+    # An example in which the derived allowance would accept 0 for most elements of a
+    # gradient checks nothing there: discard it (counted, and shown in the summary's
+    # discard table) and draw another, instead of counting it as a pass. On CPU in
+    # bfloat16 most attention gradient examples were such (the CI run of this round).
+    assume(not any(allowance_mostly_vacuous(np_grads[n], allowed[f"d{n}"], values[n].dtype) for n in op.grad_inputs))
     # before the implementation: a kernel may write into its inputs (Liger's cross-entropy
     # stores the gradient in the logits), and PyTorch must see the inputs as drawn
     baseline = parity.baseline_grad_errors(op.name, case, values, np_grads)

@@ -162,6 +162,16 @@ def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.nd
     )
 
 
+def allowance_mostly_vacuous(expected: np.ndarray, allowed: np.ndarray, dtype: torch.dtype) -> bool:
+    """Whether ``allowed`` would accept 0 for most of the counted elements of ``expected``,
+    before anything is compared: a check can discard such an example instead of running it."""
+    e = np.asarray(expected, dtype=np.float64)
+    fin = np.isfinite(e)
+    scale = float(np.max(np.abs(e[fin]))) if fin.any() else 0.0
+    counted, vacuous = _vacuity(e, np.broadcast_to(np.asarray(allowed, dtype=np.float64), e.shape), fin, dtype, scale)
+    return 2 * vacuous > counted > 0
+
+
 def _vacuity(e: np.ndarray, allowed: np.ndarray, fin: np.ndarray, dtype: torch.dtype,
              scale: float) -> tuple[int, int]:
     """(counted, vacuous) elements, as the module docstring defines them."""
