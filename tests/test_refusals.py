@@ -4,7 +4,8 @@ planted bug inside the accepted domain still fail.
 
 Each run is the suite itself (``tests/test_checks.py --impl ...``) in a child
 pytest, narrowed to one op, one dtype and few examples; several implementations of
-one op share a run. The outcome of every test is read from its JUnit XML, and the
+one op share a run, on the backend of this run (the interpreter on CPU, the GPU on
+CUDA). The outcome of every test is read from its JUnit XML, and the
 refusal counts from its report.json.
 """
 import json
@@ -13,14 +14,9 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import pytest
-
-from properties import backend
-
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = "tests.refusing_kernels"
 
-pytestmark = pytest.mark.skipif(backend.current() == "cuda", reason="runs the suite on the interpreter in a child")
 
 
 def run_suite(tmp_path: Path, op: str, impls: list[str], dtypes: list[str], *extra: str, examples: int = 6):
