@@ -20,7 +20,7 @@ The domain (what the contract can mean for finite inputs of the dtype):
   inputs), so they are not injected; 0, -0, 1, the cap, and tiny and subnormal values
   are.
 
-Tolerances: ``tolerance.attention`` and ``tolerance.attention_grad`` (derivations there).
+Tolerances: ``rules.attention`` and ``rules.attention_grad`` (derivations there).
 The lse rule admits scores rounded to the input dtype: plain PyTorch attention in fp16
 or bf16 forms ``q @ k^T * sm_scale`` in that dtype, and its logsumexp inherits the
 rounding (controls.attention.naive_torch's fp16 lse is 0.017 off for scores around 50,
@@ -36,6 +36,7 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from properties import attention_tolerance as rules
 from properties import backend, tolerance
 from properties.config import CONFIG
 from properties.generic import generic_checks, precision, require_grad_fn, run, with_upstream
@@ -157,13 +158,13 @@ def _scale_of(case: Case) -> float:
 
 
 def attention_tolerance(case, inputs64, expected, p):
-    o, lse = tolerance.attention(inputs64["q"], inputs64["k"], inputs64["v"], expected["o"],
+    o, lse = rules.attention(inputs64["q"], inputs64["k"], inputs64["v"], expected["o"],
                                  expected["lse"], case.params["causal"], _scale_of(case), p)
     return {"o": o, "lse": lse}
 
 
 def attention_grad_tolerance(case, inputs64, outputs64, grads64, p):
-    return tolerance.attention_grad(inputs64["q"], inputs64["k"], inputs64["v"], inputs64["do"],
+    return rules.attention_grad(inputs64["q"], inputs64["k"], inputs64["v"], inputs64["do"],
                                     outputs64["o"], outputs64["lse"], grads64["q"], grads64["k"],
                                     grads64["v"], case.params["causal"], _scale_of(case), p)
 
@@ -173,7 +174,7 @@ def _allowed(case: Case, impl: Implementation, values) -> tuple[dict, np.ndarray
     q, k, v = (to_numpy(values[n]) for n in ("q", "k", "v"))
     causal, scale = case.params["causal"], _scale_of(case)
     o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"])
-    a_o, a_lse = tolerance.attention(q, k, v, o, lse, causal, scale, precision(impl, case))
+    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, scale, precision(impl, case))
     return {"o": o, "lse": lse}, a_o, a_lse
 
 
@@ -307,7 +308,7 @@ def _block_call(case: Case, impl: Implementation, values: dict, q_rows: slice, k
     _, outs = run(case, impl, part)
     q, k, v = (to_numpy(part[n]) for n in ("q", "k", "v"))
     o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"])
-    a_o, a_lse = tolerance.attention(q, k, v, o, lse, causal, _scale_of(case), precision(impl, case))
+    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, _scale_of(case), precision(impl, case))
     return to_numpy(outs["o"]), to_numpy(outs["lse"]), a_o, a_lse
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from properties import tolerance
+from properties import elementwise_tolerance as rules
 from properties.config import CONFIG
 from properties.generic import UPSTREAM_FAMILIES, generic_checks, precision, run
 from properties.limits import NO_LIMITS, Limits
@@ -72,24 +72,24 @@ def rope_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
 
 def rope_tolerance(case, inputs64, expected, p):
     table = getattr(torch, case.tensors["cos"].dtype)
-    return {"y": tolerance.rope(inputs64["x"], inputs64["cos"], inputs64["sin"], expected["y"], table, p)}
+    return {"y": rules.rope(inputs64["x"], inputs64["cos"], inputs64["sin"], expected["y"], table, p)}
 
 
 def rope_grad_tolerance(case, inputs64, outputs64, grads64, p):
     # dx is the rotation of dy by -theta: the same two products and a sum per element.
     table = getattr(torch, case.tensors["cos"].dtype)
-    return {"dx": tolerance.rope(inputs64["dy"], inputs64["cos"], -inputs64["sin"], grads64["x"], table, p)}
+    return {"dx": rules.rope(inputs64["dy"], inputs64["cos"], -inputs64["sin"], grads64["x"], table, p)}
 
 
 def pair_norms_preserved(case: Case, impl: Implementation) -> None:
     """Each interleaved pair (y_2i, y_2i+1) has the norm of (x_2i, x_2i+1) times
     sqrt(cos^2 + sin^2) of the tables as given (1 within their rounding for real angles):
     [[c, -s], [s, c]] is a scaled rotation. The allowance is derived for the norm
-    (``tolerance.rope_pair_norm``: the two components' rounding errors in quadrature)."""
+    (``rules.rope_pair_norm``: the two components' rounding errors in quadrature)."""
     values, outs = run(case, impl)
     x, c, s = (to_numpy(values[k]) for k in ("x", "cos", "sin"))
     y = to_numpy(outs["y"])
-    norm, allowed = tolerance.rope_pair_norm(x, c, s, y, values["cos"].dtype, precision(impl, case))
+    norm, allowed = rules.rope_pair_norm(x, c, s, y, values["cos"].dtype, precision(impl, case))
     ny = np.hypot(y[..., 0::2], y[..., 1::2])
     assert_close("|(y_2i, y_2i+1)|", torch.from_numpy(ny), norm, allowed,
                  what="rope changed the norm of an interleaved pair", dtype=getattr(torch, case.dtype), record=False)
@@ -170,11 +170,11 @@ def _swiglu_with_upstream(op: OpSpec, dtype: torch.dtype) -> st.SearchStrategy[C
 
 
 def swiglu_tolerance(case, inputs64, expected, p):
-    return {"y": tolerance.swiglu(inputs64["gate"], inputs64["up"], expected["y"], p)}
+    return {"y": rules.swiglu(inputs64["gate"], inputs64["up"], expected["y"], p)}
 
 
 def swiglu_grad_tolerance(case, inputs64, outputs64, grads64, p):
-    a_gate, a_up = tolerance.swiglu_grad(inputs64["gate"], inputs64["up"], inputs64["dy"], grads64["gate"],
+    a_gate, a_up = rules.swiglu_grad(inputs64["gate"], inputs64["up"], inputs64["dy"], grads64["gate"],
                                          grads64["up"], p)
     return {"dgate": a_gate, "dup": a_up}
 

@@ -36,6 +36,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from properties import backend, generic, parity, tolerance
+from properties import linear_attention_tolerance as rules
 from properties.config import CONFIG
 from properties.generic import generic_checks, precision, run
 from properties.limits import NO_LIMITS, Limits
@@ -71,11 +72,11 @@ def elu_feature_map_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) 
 
 
 def elu_feature_map_tolerance(case, inputs64, expected, p):
-    return {"y": tolerance.elu_feature_map(inputs64["x"], expected["y"], p)}
+    return {"y": rules.elu_feature_map(inputs64["x"], expected["y"], p)}
 
 
 def elu_feature_map_grad_tolerance(case, inputs64, outputs64, grads64, p):
-    return {"dx": tolerance.elu_feature_map_grad(inputs64["x"], inputs64["dy"], grads64["x"], p)}
+    return {"dx": rules.elu_feature_map_grad(inputs64["x"], inputs64["dy"], grads64["x"], p)}
 
 
 def _underflow_sweep(dtype: torch.dtype) -> torch.Tensor:
@@ -239,7 +240,7 @@ def linear_attention_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS)
 
 
 def _allowed(values, o64: np.ndarray, causal: bool, p) -> np.ndarray:
-    return tolerance.linear_attention(to_numpy(values["q"]), to_numpy(values["k"]), to_numpy(values["v"]), o64,
+    return rules.linear_attention(to_numpy(values["q"]), to_numpy(values["k"]), to_numpy(values["v"]), o64,
                                       causal, values["eps"], p)
 
 
@@ -335,7 +336,7 @@ def la_deterministic(case: Case, impl: Implementation) -> None:
 
 
 def la_tolerance(case, inputs64, expected, p):
-    return {"o": tolerance.linear_attention(inputs64["q"], inputs64["k"], inputs64["v"], expected["o"],
+    return {"o": rules.linear_attention(inputs64["q"], inputs64["k"], inputs64["v"], expected["o"],
                                             case.params["causal"], case.params["eps"], p)}
 
 

@@ -6,7 +6,8 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from properties import backend, tolerance
+from properties import backend
+from properties import losses_tolerance as rules
 from properties.config import CONFIG
 from properties.generic import generic_checks, precision, require_grad_fn, run, with_upstream
 from properties.limits import NO_LIMITS, Limits
@@ -62,18 +63,18 @@ def _ignore_index(case: Case) -> int:
 
 
 def cross_entropy_tolerance(case, inputs64, expected, p):
-    return {"loss": tolerance.cross_entropy(inputs64["logits"], inputs64["target"], _ignore_index(case),
+    return {"loss": rules.cross_entropy(inputs64["logits"], inputs64["target"], _ignore_index(case),
                                             expected["loss"], p)}
 
 
 def cross_entropy_grad_tolerance(case, inputs64, outputs64, grads64, p):
-    return {"dlogits": tolerance.cross_entropy_grad(inputs64["logits"], inputs64["target"], _ignore_index(case),
+    return {"dlogits": rules.cross_entropy_grad(inputs64["logits"], inputs64["target"], _ignore_index(case),
                                                     inputs64["dloss"], grads64["logits"], p)}
 
 
 def _loss_allowance(case: Case, impl: Implementation, logits: np.ndarray, target: np.ndarray) -> np.ndarray:
     loss = ref.cross_entropy(logits, target, _ignore_index(case))
-    return tolerance.cross_entropy(logits, target, _ignore_index(case), loss, precision(impl, case))
+    return rules.cross_entropy(logits, target, _ignore_index(case), loss, precision(impl, case))
 
 
 @st.composite
@@ -175,8 +176,8 @@ def shift_invariant(case: Case, impl: Implementation) -> None:
     loss1 = to_numpy(outs["loss"])
     expected = loss1 + corr
     p = precision(impl, case)
-    allowed = (tolerance.cross_entropy(x64, target, ii, ref.cross_entropy(x64, target, ii), p)
-               + tolerance.cross_entropy(x2, target, ii, ref.cross_entropy(x2, target, ii), p)
+    allowed = (rules.cross_entropy(x64, target, ii, ref.cross_entropy(x64, target, ii), p)
+               + rules.cross_entropy(x2, target, ii, ref.cross_entropy(x2, target, ii), p)
                + 1e-12 * np.abs(corr))
     assert_close("loss", outs2["loss"], expected, allowed,
                  what=f"loss(logits + c) != loss(logits) (per-row shifts c from {sorted({float(v) for v in c[:, 0]})})",

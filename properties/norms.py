@@ -21,6 +21,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from properties import backend, parity, tolerance
+from properties import norms_tolerance as rules
 from properties.config import CONFIG
 from properties.generic import generic_checks, gradients_match_reference, precision, run
 from properties.limits import NO_LIMITS, Limits
@@ -120,19 +121,19 @@ def dropout_residual_layer_norm_cases(draw, dtype: torch.dtype, limits: Limits =
 # ------------------------------------------------------------------ tolerance binding
 
 def layer_norm_tolerance(case, inputs64, expected, p):
-    return {"y": tolerance.layer_norm(inputs64["x"], inputs64["weight"], inputs64["bias"], expected["y"],
+    return {"y": rules.layer_norm(inputs64["x"], inputs64["weight"], inputs64["bias"], expected["y"],
                                 case.params["eps"], p)}
 
 
 def layer_norm_grad_tolerance(case, inputs64, outputs64, grads64, p):
-    return tolerance.layer_norm_grad(inputs64["x"], inputs64["weight"], inputs64["dy"], grads64["x"],
+    return rules.layer_norm_grad(inputs64["x"], inputs64["weight"], inputs64["dy"], grads64["x"],
                                grads64["weight"], grads64["bias"], case.params["eps"], p)
 
 
 def _dropout_allowed(x, residual, weight, bias, keep, p_drop, eps, y_ref, p):
     h = np.where(keep, x / (1.0 - p_drop), 0.0) + residual
-    err = tolerance.dropout_input_error(x, residual, keep, p_drop, p)
-    return tolerance.layer_norm(h, weight, bias, y_ref, eps, p, input_err=err)
+    err = rules.dropout_input_error(x, residual, keep, p_drop, p)
+    return rules.layer_norm(h, weight, bias, y_ref, eps, p, input_err=err)
 
 
 def dropout_tolerance(case, inputs64, expected, p):
@@ -177,7 +178,7 @@ def normalised_moments(case: Case, impl: Implementation) -> None:
     eps = case.params["eps"]
     y = to_numpy(outs["y"]).reshape(-1, n)
     xhat = ref.layer_norm(x64, np.ones(n), np.zeros(n), eps)
-    a = tolerance.layer_norm(x64, np.ones(n), np.zeros(n), xhat, eps, precision(impl, case))
+    a = rules.layer_norm(x64, np.ones(n), np.zeros(n), xhat, eps, precision(impl, case))
     var = np.var(x64, axis=-1)
     fp64 = n * tolerance.unit_roundoff(torch.float64) * (1 + np.max(np.abs(xhat), axis=-1, initial=0.0)) ** 2
     abar = a.mean(axis=-1)
@@ -205,7 +206,7 @@ def constant_row_gives_bias(case: Case, impl: Implementation) -> None:
     x64 = to_numpy(x)
     w, b = to_numpy(values["weight"]), to_numpy(values["bias"])
     want = np.broadcast_to(b, x64.shape)
-    allowed = tolerance.layer_norm(x64, w, b, want, case.params["eps"], precision(impl, case))
+    allowed = rules.layer_norm(x64, w, b, want, case.params["eps"], precision(impl, case))
     assert_close("y", outs["y"], want, allowed, what="a constant row of x does not give y = bias", record=False)
 
 
@@ -263,7 +264,7 @@ def shift_scale_invariant(case: Case, impl: Implementation) -> None:
     p = precision(impl, case)
     x1n, x2n = x1.double().numpy(), x2.double().numpy()
     want = ref.layer_norm(x1n, w, b, eps)
-    allowed = tolerance.layer_norm(x1n, w, b, want, eps, p) + tolerance.layer_norm(x2n, w, b, want, eps * a * a, p)
+    allowed = rules.layer_norm(x1n, w, b, want, eps, p) + rules.layer_norm(x2n, w, b, want, eps * a * a, p)
     assert_close("y", outs2["y"], to_numpy(outs1["y"]), allowed,
                  what=f"layer_norm({a:g} x + {c:g}, eps * {a * a:g}) != layer_norm(x, eps)", record=False)
 

@@ -8,7 +8,8 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from properties import backend, tolerance
+from properties import backend
+from properties import softmax_tolerance as rules
 from properties.config import CONFIG
 from properties.generic import generic_checks, precision, run
 from properties.limits import NO_LIMITS, Limits
@@ -52,23 +53,23 @@ def softmax_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS, min_rows
 
 
 def softmax_tolerance(case, inputs64, expected, p):
-    return {"y": tolerance.softmax(inputs64["x"], expected["y"], case.params["temperature"], p)}
+    return {"y": rules.softmax(inputs64["x"], expected["y"], case.params["temperature"], p)}
 
 
 def softmax_grad_tolerance(case, inputs64, outputs64, grads64, p):
-    return {"dx": tolerance.softmax_grad(inputs64["x"], outputs64["y"], inputs64["dy"], grads64["x"],
+    return {"dx": rules.softmax_grad(inputs64["x"], outputs64["y"], inputs64["dy"], grads64["x"],
                                          case.params["temperature"], p)}
 
 
 def rows_sum_to_one(case: Case, impl: Implementation) -> None:
     """Each row with a finite entry sums to one, within an allowance derived for the sum
-    (``tolerance.softmax_row_sum``: the normaliser's own rounding, not the elements'
+    (``rules.softmax_row_sum``: the normaliser's own rounding, not the elements'
     allowances, which the sum cancels)."""
     values, outs = run(case, impl)
     x = to_numpy(values["x"])
     y = to_numpy(outs["y"])
     live = np.isfinite(x).any(axis=-1)
-    allowed = tolerance.softmax_row_sum(x, y, case.params["temperature"], precision(impl, case))
+    allowed = rules.softmax_row_sum(x, y, case.params["temperature"], precision(impl, case))
     sums = np.where(live, y.sum(axis=-1), 1.0)
     assert_close("row sums of y", torch.from_numpy(sums), np.ones_like(sums), np.where(live, allowed, 0.0),
                  what="rows do not sum to one", dtype=getattr(torch, case.dtype), record=False)
@@ -150,9 +151,9 @@ def _metamorphic(case: Case, impl: Implementation, x_new: torch.Tensor, delta: n
     # Rounding x_new can move a logit by a lot (bf16 at 1e4 has a spacing of 64); past
     # exp's range the transported softmax says nothing, so such cases are not drawn.
     assume(np.max(np.abs(np.where(np.isfinite(delta), delta, 0.0)), initial=0.0) < 30)
-    moved, moved_allowed = _transport(y1, tolerance.softmax(x, ref.softmax(x, t), t, p),
+    moved, moved_allowed = _transport(y1, rules.softmax(x, ref.softmax(x, t), t, p),
                                       np.where(np.isfinite(delta), delta, 0.0))
-    allowed = moved_allowed + tolerance.softmax(x2, ref.softmax(x2, t_new), t_new, p)
+    allowed = moved_allowed + rules.softmax(x2, ref.softmax(x2, t_new), t_new, p)
     live = np.isfinite(x).any(axis=-1, keepdims=True)
     assert_close("y", outs2["y"], np.where(live, moved, np.nan), allowed, what=what, record=False)
 

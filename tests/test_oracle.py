@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from properties import harness, registry, report, tolerance
+from properties import harness, norms_tolerance, registry, report, softmax_tolerance
 from properties.oracle import InvalidAllowance, compare
 from properties.tolerance import Precision
 from references import softmax as softmax_ref
@@ -99,7 +99,7 @@ def test_a_test_whose_examples_are_mostly_vacuous_fails_naming_output_and_rule(m
 def test_softmax_zero_output_fails_for_logits_near_the_fp32_max(backend):
     x = np.array([[3e38, -3e38, 1e38]])
     y = softmax_ref.softmax(x, 1.0)
-    allowed = tolerance.softmax(x, y, 1.0, Precision.of(torch.float32, backend))
+    allowed = softmax_tolerance.softmax(x, y, 1.0, Precision.of(torch.float32, backend))
     assert allowed[0, 0] < 1e-5  # was 1.00000006
     assert not compare("y", torch.zeros(1, 3), y, allowed).ok
     assert compare("y", torch.tensor([[1.0, 0.0, 0.0]]), y, allowed).ok
@@ -113,7 +113,7 @@ def test_softmax_top_entry_allowance_is_small_for_huge_logits_at_any_temperature
     y = softmax_ref.softmax(x, temperature)
     for backend in BACKENDS:
         p = Precision.of(dtype, backend)
-        allowed = tolerance.softmax(x, y, temperature, p)
+        allowed = softmax_tolerance.softmax(x, y, temperature, p)
         assert allowed[0, 0] < 1e-5 + p.store  # the store's rounding and little else
         assert np.all(np.isfinite(allowed)) and np.all(allowed >= 0)
 
@@ -130,7 +130,7 @@ def test_softmax_rounding_of_x_over_t_still_covers_a_near_tie():
     x = torch.tensor([[10.0, 9.875, -3.0]], dtype=torch.bfloat16).double().numpy()
     y = softmax_ref.softmax(x, 0.1)
     got = torch.softmax(torch.from_numpy(x).to(torch.bfloat16) / 0.1, dim=-1)
-    allowed = tolerance.softmax(x, y, 0.1, Precision.of(torch.bfloat16, "interpret"))
+    allowed = softmax_tolerance.softmax(x, y, 0.1, Precision.of(torch.bfloat16, "interpret"))
     assert compare("y", got, y, allowed).ok
 
 
@@ -151,7 +151,7 @@ def _layer_norm_grads(rows: int, n: int, dtype: torch.dtype):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_layer_norm_bf16_parameter_gradients_of_a_large_batch_cannot_be_zero(rows, backend):
     x, w, dy, dx, dw, db = _layer_norm_grads(rows, 8, torch.bfloat16)
-    allowed = tolerance.layer_norm_grad(x, w, dy, dx, dw, db, 1e-5, Precision.of(torch.bfloat16, backend))
+    allowed = norms_tolerance.layer_norm_grad(x, w, dy, dx, dw, db, 1e-5, Precision.of(torch.bfloat16, backend))
     for name, exact in (("dweight", dw), ("dbias", db)):
         c = compare(name, torch.zeros(exact.shape), exact, allowed[name], dtype=torch.bfloat16)
         assert not c.ok and c.vacuous == 0, (name, c)
@@ -161,8 +161,8 @@ def test_layer_norm_admits_input_dtype_row_sums_only_while_they_stay_checkable()
     p = Precision.of(torch.bfloat16, "cuda")
     small = _layer_norm_grads(64, 8, torch.bfloat16)
     large = _layer_norm_grads(65, 8, torch.bfloat16)
-    a_small = tolerance.layer_norm_grad(*small, 1e-5, p)["dbias"]
-    a_large = tolerance.layer_norm_grad(*large, 1e-5, p)["dbias"]
+    a_small = norms_tolerance.layer_norm_grad(*small, 1e-5, p)["dbias"]
+    a_large = norms_tolerance.layer_norm_grad(*large, 1e-5, p)["dbias"]
     sum_small = np.abs(small[2]).sum(axis=0)
     sum_large = np.abs(large[2]).sum(axis=0)
     # at 64 rows a bf16 running sum is admitted: SAFETY * 64 u(bf16) = 1/2 of sum|dy|

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from properties import registry, tolerance
+from properties import elementwise_tolerance, registry, softmax_tolerance
 from properties.attention import _online_merge
 from properties.strategies import Case, TensorSpec
 from properties.tolerance import Precision
@@ -16,7 +16,7 @@ def test_row_sum_allowance_stays_small_for_huge_logits():
     # the per-element softmax rule allowed ~1 for the top entry here; the row sum cannot
     x = np.array([[3e38, -3e38, 1e38]])
     y = np.array([[1.0, 0.0, 0.0]])
-    allowed = tolerance.softmax_row_sum(x, y, 1.0, Precision.of(torch.float32, "interpret"))
+    allowed = softmax_tolerance.softmax_row_sum(x, y, 1.0, Precision.of(torch.float32, "interpret"))
     assert allowed[0] < 1e-5
 
 
@@ -38,7 +38,7 @@ def test_row_sum_allowance_covers_store_rounding_of_a_long_row():
     n = 131075
     x = np.zeros((1, n))
     y = torch.full((1, n), 1.0 / n, dtype=torch.float16).double().numpy()
-    allowed = tolerance.softmax_row_sum(x, y, 1.0, Precision.of(torch.float16, "cuda"))
+    allowed = softmax_tolerance.softmax_row_sum(x, y, 1.0, Precision.of(torch.float16, "cuda"))
     assert abs(y.sum() - 1) <= allowed[0] < 0.02
 
 
@@ -46,7 +46,7 @@ def test_pair_norm_is_exact_for_scaled_tables():
     x = np.array([[3.0, 4.0]])
     cos, sin = np.array([[2.0]]), np.array([[0.0]])
     y = np.array([[6.0, 8.0]])
-    norm, allowed = tolerance.rope_pair_norm(x, cos, sin, y, torch.float32, Precision.of(torch.float32, "cuda"))
+    norm, allowed = elementwise_tolerance.rope_pair_norm(x, cos, sin, y, torch.float32, Precision.of(torch.float32, "cuda"))
     assert norm[0, 0] == 10.0 and allowed[0, 0] < 1e-5
 
 

@@ -1,0 +1,230 @@
+"""Tolerance rules of the attention family: o and lse of attention, and its gradients.
+
+The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
+their sources) are in :mod:`properties.tolerance`."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from properties.tolerance import DOT_READ_FLOOR, EXP_ULPS, SAFETY, Precision, sum_error, unit_roundoff
+
+
+def attention_scores(q: np.ndarray, k: np.ndarray, causal: bool, scale: float):
+    """fp64 scores s = scale q k^T, -inf at causally masked (i, j); and the mask of kept pairs."""
+    s = (q @ np.swapaxes(k, -1, -2)) * scale
+    visible = np.ones(s.shape[-2:], dtype=bool)
+    if causal:
+        visible = np.tril(visible)
+    visible = np.broadcast_to(visible, s.shape)
+    return np.where(visible, s, -np.inf), visible
+
+
+
+
+def attention_score_error(q: np.ndarray, k: np.ndarray, s: np.ndarray, visible: np.ndarray,
+                          scale: float, p: Precision) -> np.ndarray:
+    """Bound (SAFETY included) on the absolute error of each score s_ij, in natural units,
+    as an exponent error of p_ij: eps_ij.
+
+    The dot q_i . k_j of D exact products accumulates in fp32 ((p.dot + sum_error(D)) times
+    scale sum_d |q_id k_jd|); the scaling (and the scale's own rounding, and log2(e) folded
+    into it) adds 2 u(fp32) |s_ij|. A plain PyTorch implementation forms q @ k^T and the
+    product with sm_scale in the input dtype, 2 u(dtype) |s_ij| more: the rule allows it
+    (as the softmax rule allows x / T rounded in the input dtype), so users' attention in
+    fp16 and bf16 passes; for the kernel (fp32 scores) this is slack of about
+    u(dtype) |s| in lse and, through score differences, in o. The exponent s_ij - m
+    (m <= the row max: online running maxima only get closer to s_ij) rounds
+    (u |s_ij - m|) and exp/exp2 adds EXP_ULPS u. Operands below the smallest normal:
+    DOT_READ_FLOOR scale (sum_d |q_id| + |k_jd|).
+    """
+    d = q.shape[-1]
+    a = scale * (np.abs(q) @ np.swapaxes(np.abs(k), -1, -2))
+    reads = scale * DOT_READ_FLOOR * (np.sum(np.abs(q), axis=-1)[..., :, None]
+                                            + np.sum(np.abs(k), axis=-1)[..., None, :])
+    u_in = unit_roundoff(p.dtype)
+    with np.errstate(invalid="ignore"):
+        m = np.max(s, axis=-1, keepdims=True)
+        eps = SAFETY * ((p.dot + sum_error(d, p.compute)) * a + reads + 2 * (u_in + p.compute) * np.abs(s)
+                        + p.compute * (np.abs(s - m) + EXP_ULPS))
+    return np.where(visible, eps, 0.0)
+
+
+def _attention_parts(p: Precision):
+    """(u_p, p_floor): the relative rounding of P (and dS) before their products, and the
+    absolute rounding of a P or dS entry in the subnormal range.
+
+    FlashAttention kernels and plain PyTorch round P = softmax and dS to the input dtype
+    for fp16 / bf16 (this kernel: fp16 for float16; tf32 on the GPU, i.e. <= 2 u(tf32)
+    with truncation, fp32 in the interpreter, for bfloat16: both within u(bf16));
+    float32 products carry p.dot. Below the smallest normal the spacing is
+    tiny * eps of the dtype (fp16: 2^-24), or tiny(fp32) where a GPU flushes.
+    """
+    info = torch.finfo(p.dtype)
+    u_p = unit_roundoff(p.dtype) if p.dtype in (torch.float16, torch.bfloat16) else p.dot
+    p_floor = max(float(info.tiny) * float(info.eps), float(torch.finfo(torch.float32).tiny))
+    return u_p, p_floor
+
+
+def attention_floor(p: Precision) -> float:
+    """p.floor, plus, under the Triton interpreter for bfloat16, one more smallest normal:
+    the interpreter's fp32 -> bf16 store maps fp32 subnormals to wrong bf16 values
+    (e.g. -1.42e-39 -> -1.10e-38, 3.0e-39 -> 1.8e-40, seen on Triton 3.9), an error up to
+    about tiny(bf16) on top of the value; p.floor (= tiny) alone is exceeded by a hair."""
+    if p.backend == "interpret" and p.dtype == torch.bfloat16:
+        return 2 * p.floor
+    return p.floor
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
+              causal: bool, scale: float, p: Precision) -> tuple[np.ndarray, np.ndarray]:
+    """Allowed absolute errors of (o, lse) of attention, from the fp64 inputs and reference.
+
+    Scores: each s_ij errs by at most eps_ij (attention_score_error), i.e. the weight of
+    key j is multiplied by e^{eta_j}, |eta_j| <= eps_ij. Measured against the row's top key
+    j* (softmax only sees differences), zeta_j = eta_j - eta_j* is bounded by
+    E_j = eps_ij + eps_ij* (E_j* = 0), and exactly
+        o' - o = sum_j p_j (e^{zeta_j} - 1)(v_j - o) / Z,   Z = sum_j p_j e^{zeta_j}
+    so |o' - o| <= (sum_j p_j expm1(E_j) (|v_j| + |o|)) / max(p_j*, sum_j p_j e^{-E_j}).
+    This is not first-order: it stays a bound when scores near the dtype's range make
+    E large, and it vanishes for a row dominated by one key. For lse,
+    |lse' - lse| <= log sum_j p_j e^{eps_ij} = logsumexp(s + eps) - lse.
+
+    Roundings that do not cancel between the numerator acc = sum_j p_j v_j and the
+    denominator l = sum_j p_j: P rounded before the P V product (u_p sum_j p_j |v_j|,
+    plus p_floor sum |v_j| over keys whose p_j is subnormal in the dtype); the two sums
+    of n terms (sum_error(n)); the online rescaling by alpha once per key block (one
+    fp32 product each for acc and l, nb = ceil(n / 16) blocks at the interpreter's
+    smallest block); the division. The lse adds: l's sum (sum_error(n)), each alpha's
+    exp2 (EXP_ULPS + 2 u per block, plus u times the total rise of the running max
+    <= m - min s), m + log2(l) and the LN2 / LOG2E conversions (u (2 |m| + |lse| + log l)).
+    Stored o: p.store |o|, plus p.floor. A convex combination of the v_j can never be
+    further than max_j |v_j| + |o| from o: the o allowance is capped at twice that.
+    """
+    s, visible = attention_scores(q, k, causal, scale)
+    eps = attention_score_error(q, k, s, visible, scale, p)
+    u_p, p_floor = _attention_parts(p)
+    tiny = float(torch.finfo(p.dtype).tiny)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        pr = np.where(visible, np.exp(s - lse[..., None]), 0.0)
+        n = visible.sum(axis=-1, keepdims=True)
+        nb = np.ceil(n / 16)
+        jstar = np.argmax(s, axis=-1)[..., None]
+        eps_star = np.take_along_axis(eps, jstar, axis=-1)
+        top = np.arange(s.shape[-1]) == jstar
+        big_e = np.where(visible & ~top, eps + eps_star, 0.0)
+        # p_j (e^{E_j} - 1), formed in the log domain: p_j may underflow where e^{E_j}
+        # does not; exponents are clipped at 300 (the allowance is then capped anyway)
+        w = np.where(visible, np.exp(np.minimum(s - lse[..., None] + big_e, 300.0)), 0.0) - pr
+        # z bounds the perturbed normaliser from below; it includes p_max >= 1/n. With scores
+        # near 1e76 (bf16 q, k near max), s - lse loses every digit in fp64 and p_max can
+        # come out 0 (then z = 0 and the allowance inf); 1/n keeps the bound finite and true.
+        z = np.maximum(np.maximum(np.take_along_axis(pr, jstar, axis=-1), 1.0 / n),
+                       np.sum(pr * np.exp(-big_e), axis=-1, keepdims=True))
+        av, ao = np.abs(v), np.abs(o)
+        pv = pr @ av
+        score_part = (w @ av + np.sum(w, axis=-1, keepdims=True) * ao) / z
+        sub = np.where(visible & (pr < 4 * tiny), 1.0, 0.0)
+        rounding = u_p * pv + p_floor * (sub @ av) + (sum_error(n, p.compute) + 2 * nb * p.compute) * (pv + ao) \
+            + p.compute * ao + DOT_READ_FLOOR
+        vmax = np.maximum.accumulate(av, axis=-2) if causal else np.max(av, axis=-2, keepdims=True)
+        o_allowed = np.minimum(score_part + SAFETY * rounding, 2 * (vmax + ao)) + p.store * ao + attention_floor(p)
+
+        t = np.where(visible, s + eps, -np.inf)
+        mt = np.max(t, axis=-1, keepdims=True)
+        lse_score = (mt + np.log(np.sum(np.exp(t - mt), axis=-1, keepdims=True)))[..., 0] - lse
+        m = np.max(s, axis=-1)
+        s_min = np.min(np.where(visible, s, np.inf), axis=-1)
+        n, nb = n[..., 0], nb[..., 0]
+        lse_allowed = np.maximum(lse_score, 0.0) + SAFETY * (
+            sum_error(n, p.compute) + nb * p.compute * (EXP_ULPS + 2) + p.compute * (m - s_min)
+            + p.compute * (2 * np.abs(m) + np.abs(lse) + np.abs(lse - m) + EXP_ULPS)) \
+            + float(torch.finfo(torch.float32).tiny)
+    return o_allowed, lse_allowed
+
+
+PARTIAL_SUM_BLOCK = 32  # rows per partial gradient sum in PyTorch's CPU flash attention
+
+
+def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, p: Precision) -> dict:
+    """Allowed absolute errors of dq, dk, dv of attention (upstream do on o).
+
+    FlashAttention backward: P recomputed from the saved lse, dv = P^T dO, dP = dO V^T,
+    delta_i = sum_d dO_id O_id (from the stored, rounded O), dS = P (dP - delta),
+    dq = scale dS K, dk = scale dS^T Q.
+    - P: exponent error eps_ij (scores) + the lse allowance + the rounding of s - lse and
+      exp: a relative error dP_ij = expm1(that) (a plain softmax of rounded scores is
+      within the same: its normaliser errs by at most the lse allowance); then rounded
+      to the dtype before its products (u_p, p_floor).
+    - dP_ij: (p.dot + sum_error(D)) sum_d |dO_id v_jd|, and u(dtype) |dP_ij| where users
+      store dO V^T in the input dtype.
+    - delta_i: sum_d |dO_id| (the o allowance) + sum_error(D) sum_d |dO_id O_id|, and for a
+      softmax backward computing it as sum_j P_ij dP_ij: sum_j P_ij (dP_ij + u) |dP_ij|.
+    - dS_ij: P_ij (dP_ij |dP - delta| + err(dP) + err(delta) + u |dP - delta|) and, for a P_ij
+      near underflow, p_floor |dP_ij - delta_i|; rounded to
+      the dtype (u_p, and u(dtype) for the scale product of plain PyTorch) and p_floor
+      (on dS or on scale dS, whichever is larger).
+    - dq, dk, dv: the entry errors through the products, plus (p.dot + sum_error(n)) for
+      the sums of n terms, the scale product (u), the store (p.store) and p.floor;
+      operands below the smallest normal (DOT_READ_FLOOR times the other
+      operand's sum: |dS| for a misread k or q, P for a misread dO, |dO| + |v| in dP).
+    - a plain implementation may sum dk, dv over blocks of 32 queries (dq over blocks of
+      32 keys) rounding each partial sum to the dtype: PyTorch's CPU flash attention
+      backward in fp16 gave dk 2 subnormal spacings off an exact -4.0e-8 over 65 queries.
+      Each extra rounding adds u(dtype) |g| + half the dtype's subnormal spacing.
+    SAFETY multiplies the first-order roundings; the P and score parts carry it already.
+    """
+    s, visible = attention_scores(q, k, causal, scale)
+    eps = attention_score_error(q, k, s, visible, scale, p)
+    o_allowed, lse_allowed = attention(q, k, v, o, lse, causal, scale, p)
+    u_p, p_floor = _attention_parts(p)
+    u_in = unit_roundoff(p.dtype)
+    tiny = float(torch.finfo(p.dtype).tiny)
+    d = q.shape[-1]
+    kt = lambda x: np.swapaxes(x, -1, -2)  # noqa: E731
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        pr = np.where(visible, np.exp(s - lse[..., None]), 0.0)
+        expo = np.where(visible, eps + lse_allowed[..., None] + SAFETY * p.compute * (np.abs(s - lse[..., None])
+                                                                                       + EXP_ULPS), 0.0)
+        # P_ij (e^{expo} - 1), in the log domain (P_ij may underflow where the product does not)
+        p_rel = np.where(visible, np.exp(np.minimum(s - lse[..., None] + expo, 300.0)), 0.0) - pr
+        n_row = visible.sum(axis=-1, keepdims=True)  # keys each query sees
+        n_col = kt(visible.sum(axis=-2, keepdims=True))  # queries that see each key
+        ad, av, ao = np.abs(do), np.abs(v), np.abs(o)
+        dp = do @ kt(v)
+        delta = np.sum(do * o, axis=-1, keepdims=True)
+        r = np.abs(dp - delta)
+        # dS rounds into the dtype's subnormals before (kernel) or after (plain PyTorch: the
+        # product with sm_scale in the dtype) the scale: p_floor at whichever is larger
+        ds_floor = p_floor * max(1.0, 1.0 / scale)
+        ds = pr * (dp - delta)
+        e_dp = (p.dot + sum_error(d, p.compute)) * (ad @ kt(av)) + u_in * np.abs(dp) \
+            + DOT_READ_FLOOR * (np.sum(ad, axis=-1)[..., :, None] + np.sum(av, axis=-1)[..., None, :])
+        e_delta = sum_error(d, p.compute) * np.sum(ad * ao, axis=-1, keepdims=True) \
+            + np.sum((p_rel + u_in * pr) * np.abs(dp), axis=-1, keepdims=True)
+        # a P near underflow is only known to p_floor (a GPU's exp2 flushes it to 0), and
+        # dS = P (dP - delta) carries that times |dP - delta| (H100: dk 0 for -6e-37 with
+        # v near fp32's max, where |dP - delta| ~ 1e36)
+        p_underflow = p_floor * r * (visible & (pr < 4 * tiny))
+        e_ds = p_rel * r + pr * np.sum(ad * o_allowed, axis=-1, keepdims=True) + SAFETY * (
+            pr * (e_dp + e_delta + p.compute * r) + (u_p + u_in) * np.abs(ds) + ds_floor * visible + p_underflow)
+        e_ds = np.minimum(e_ds, 1e300)
+        ads = np.abs(ds)
+        reads_row = DOT_READ_FLOOR * np.sum(ads, axis=-1, keepdims=True)  # k misread, per dq_i
+        reads_col = DOT_READ_FLOOR * kt(np.sum(ads, axis=-2, keepdims=True))  # q misread, per dk_j
+        dq_allowed = scale * (e_ds @ np.abs(k) + SAFETY * reads_row + SAFETY * (p.dot + sum_error(n_row, p.compute)) * (ads @ np.abs(k))) \
+            + (SAFETY * p.compute + p.store) * np.abs(dq) + attention_floor(p)
+        dk_allowed = scale * (kt(e_ds) @ np.abs(q) + SAFETY * reads_col
+                              + SAFETY * (p.dot + sum_error(n_col, p.compute)) * (kt(ads) @ np.abs(q))) \
+            + (SAFETY * p.compute + p.store) * np.abs(dk) + attention_floor(p)
+        e_p = p_rel + SAFETY * (u_p * pr + p_floor * (visible & (pr < 4 * tiny)))
+        dv_allowed = kt(e_p) @ ad + SAFETY * (p.dot + sum_error(n_col, p.compute)) * (kt(pr) @ ad) \
+            + SAFETY * DOT_READ_FLOOR * kt(np.sum(pr, axis=-2, keepdims=True)) \
+            + p.store * np.abs(dv) + attention_floor(p)
+
+    def partial_sums(g, n):
+        return max(0, -(-n // PARTIAL_SUM_BLOCK) - 1) * (u_in * np.abs(g) + p.floor / 2)
+
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    return {"dq": dq_allowed + partial_sums(dq, n_k), "dk": dk_allowed + partial_sums(dk, n_q),
+            "dv": dv_allowed + partial_sums(dv, n_q)}

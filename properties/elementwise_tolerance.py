@@ -1,0 +1,168 @@
+"""Tolerance rules of the elementwise family: rope (and its pair norms) and swiglu, with gradients.
+
+The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
+their sources) are in :mod:`properties.tolerance`."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from properties.tolerance import EXP_ULPS, SAFETY, Precision, unit_roundoff
+
+
+def _elementwise_subnormal_spacing(dtype: torch.dtype) -> float:
+    info = torch.finfo(dtype)
+    return float(info.tiny) * float(info.eps)
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, y: np.ndarray, table_dtype: torch.dtype,
+         p: Precision) -> np.ndarray:
+    """Allowed absolute error of each rope output (and of dx, with dy for x and dx for y).
+
+    y_2i = x_2i c - x_2i+1 s, y_2i+1 = x_2i s + x_2i+1 c: two products and a sum.
+    In fp32 (the kernel: tables and x loaded and upcast exactly) that is
+    u32 (|x_2i c| + |x_2i+1 s|) + u32 |y|, then the store in x's dtype. The plain
+    PyTorch form, as users write it (``torch_rope``), casts the tables to x's dtype
+    (u(x) per table entry, unless the cast is exact: same dtype, or x in float32) and
+    rounds each product and the sum in x's dtype, so the rule allows
+    (u_cast + u(x)) (|x_2i c| + |x_2i+1 s|) on top of the store: the kernel is held to
+    the accuracy a user gets from PyTorch, not to the tighter bound its fp32
+    arithmetic reaches. Near underflow, each of the two products may round into x's
+    subnormals (one floor each) besides the store (one more).
+    The backward (dx from dy) is the transposed rotation of dy by the same tables:
+    nothing is computed in forward and kept in x's dtype, so no second rounding arises.
+    """
+    u_in = unit_roundoff(p.dtype)
+    u_cast = u_in if (table_dtype != p.dtype and p.dtype != torch.float32) else 0.0
+    xa, xb = x[..., 0::2], x[..., 1::2]
+    prod = np.empty_like(x)
+    prod[..., 0::2] = np.abs(xa * cos) + np.abs(xb * sin)
+    prod[..., 1::2] = np.abs(xa * sin) + np.abs(xb * cos)
+    return SAFETY * (u_cast + u_in) * prod + p.store * np.abs(y) + 3 * p.floor
+
+
+def rope_pair_norm(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, y: np.ndarray, table_dtype: torch.dtype,
+                   p: Precision) -> tuple[np.ndarray, np.ndarray]:
+    """The norm of each output pair (y_2i, y_2i+1) and its allowed error, derived for the
+    norm itself.
+
+    [[c, -s], [s, c]] is a rotation scaled by r = sqrt(c^2 + s^2), whatever the tables
+    hold, so the exact map of the tables as given sends a pair of norm |x| to one of
+    norm r |x| (r = 1 within the tables' rounding for tables of real angles; the check
+    compares with r |x|, computed in fp64, and so needs no assumption on the tables). The
+    computed pair differs from the exact one by the error vector (e_0, e_1), and
+    | |y_hat| - |y| | <= |(e_0, e_1)| = sqrt(e_0^2 + e_1^2): the two component errors add
+    in quadrature, not linearly. Each e_k is the component's arithmetic (SAFETY u(x) times
+    its two products, as in ``rope``), its store (u_out |y_k|) and three floors near
+    underflow. A plain PyTorch rope that casts the tables to x's dtype rotates by the
+    cast tables instead: their norm factor moves by at most u_cast, i.e. u_cast r |x|.
+    Returns (r |x|, allowance) per pair."""
+    u_in = unit_roundoff(p.dtype)
+    u_cast = u_in if (table_dtype != p.dtype and p.dtype != torch.float32) else 0.0
+    xa, xb, ya, yb = x[..., 0::2], x[..., 1::2], y[..., 0::2], y[..., 1::2]
+    r = np.hypot(cos, sin)
+    norm = r * np.hypot(xa, xb)
+    e0 = SAFETY * u_in * (np.abs(xa * cos) + np.abs(xb * sin)) + p.store * np.abs(ya) + 3 * p.floor
+    e1 = SAFETY * u_in * (np.abs(xa * sin) + np.abs(xb * cos)) + p.store * np.abs(yb) + 3 * p.floor
+    return norm, u_cast * norm + np.hypot(e0, e1) + 2 * unit_roundoff(torch.float64) * norm
+
+
+def _swiglu_sigmoid_parts(g: np.ndarray):
+    """sigmoid(g), 1 - sigmoid(g) and exp(-|g|), all exact in fp64 (no cancellation)."""
+    e = np.exp(-np.abs(g))
+    s = np.where(g >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    one_minus = np.where(g >= 0, e / (1.0 + e), 1.0 / (1.0 + e))
+    return s, one_minus, e
+
+
+def _swiglu_sigmoid_error(g: np.ndarray, u: float) -> np.ndarray:
+    """Relative error bound of an fp32 sigmoid s(g) from e = exp(-|g|).
+
+    e errs by u (EXP_ULPS + |g|) relative (exp and the log2(e) scaling of its
+    argument); through s = 1 / (1 + e) or e / (1 + e) that becomes a relative error
+    (1 - s) times as large. 1 + e and the division round (2 u), except that for
+    g >= 0 and e below u, 1 + e rounds to 1 with an error of e, not u: 2 min(u, e).
+    """
+    _, one_minus, e = _swiglu_sigmoid_parts(g)
+    rounding = np.where(g >= 0, 2 * np.minimum(u, e), 2 * u)
+    return u * (EXP_ULPS + np.abs(g)) * one_minus + rounding
+
+
+def _swiglu_flush(g: np.ndarray) -> np.ndarray:
+    """Where sigmoid(g) is below fp32's smallest normal (g < -87.3): an fp32
+    intermediate that may be flushed to zero (FTZ in GPU exp), and which
+    ``torch.sigmoid``/``F.silu`` turn into 0 already at g < -88.7 (exp(-g) overflows
+    to inf); the products that carry it then lose their whole value."""
+    s, _, _ = _swiglu_sigmoid_parts(g)
+    return s < float(torch.finfo(torch.float32).tiny)
+
+
+def _swiglu_subnormal_read(v: np.ndarray) -> np.ndarray:
+    """How far an operand may be misread: 2 tiny(fp32) where it is nonzero and below
+    fp32's smallest normal, else 0. FTZ arithmetic (GPU .ftz instructions) reads such
+    an operand as 0; the Triton interpreter's bf16 -> fp32 conversion garbles it into
+    another value below tiny(fp32) (``_convert_float`` normalises the subnormal
+    significand, then clamps the exponent at 0 without shifting it back). Either way
+    the operand is off by less than 2 tiny(fp32), which a product with a large factor
+    (swiglu's gate up to 1.3e19) turns into a visible error."""
+    tiny = float(torch.finfo(torch.float32).tiny)
+    return np.where((v != 0) & (np.abs(v) < tiny), 2 * tiny, 0.0)
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray, y: np.ndarray, p: Precision) -> np.ndarray:
+    """Allowed absolute error of y = gate sigmoid(gate) up.
+
+    The fp32 sigmoid's relative error (:func:`_swiglu_sigmoid_error`), two products
+    (2 u), the store. ``F.silu(gate) * up``, as users write it, rounds silu(gate) to the
+    input dtype before the product: one more u(input) |y|, and u(input)'s subnormal
+    spacing times |up| where silu(gate) is tiny. Where sigmoid(gate) is below fp32's
+    smallest normal, y may be flushed to 0 (:func:`_swiglu_flush`). A subnormal gate
+    or up may be misread by 2 tiny(fp32) (:func:`_swiglu_subnormal_read`), times the
+    partial derivative of y in it (|gate sigmoid(gate)| for up, at most 1.1 |up| for gate).
+    """
+    u = p.compute
+    ay = np.abs(y)
+    allowed = (SAFETY * (_swiglu_sigmoid_error(gate, u) + 2 * u) * ay + unit_roundoff(p.dtype) * ay
+               + _elementwise_subnormal_spacing(p.dtype) * np.abs(up) + p.store * ay + p.floor)
+    s, _, _ = _swiglu_sigmoid_parts(gate)
+    allowed = (allowed + _swiglu_subnormal_read(up) * np.abs(gate * s)
+               + _swiglu_subnormal_read(gate) * 1.1 * np.abs(up))
+    return np.where(_swiglu_flush(gate), np.maximum(allowed, ay + p.floor), allowed)
+
+
+def swiglu_grad(gate: np.ndarray, up: np.ndarray, dy: np.ndarray, dgate: np.ndarray, dup: np.ndarray,
+                p: Precision) -> tuple[np.ndarray, np.ndarray]:
+    """Allowed absolute errors of dgate = dy up t, t = s + g s (1 - s), and dup = dy g s.
+
+    s carries its absolute error ds = r_s s (:func:`_swiglu_sigmoid_error`); t moves by
+    |dt/ds| ds = |1 + g (1 - 2 s)| ds (for large g that is g ds: 1 - s cancels,
+    bounded because ds shrinks with e = exp(-g)); forming t rounds u (|t| + 3 |g s
+    (1 - s)|); the products with dy and up round 2 u. The autograd backward of
+    ``F.silu(gate) * up`` in the input dtype first rounds dy * up (dgate) or silu(gate)
+    (dup) to the input dtype: one more u(input) of the result, and its subnormal
+    spacing times the other factor. Then the store in the input dtype, and the FTZ
+    region of sigmoid and the misread subnormal operands as in :func:`swiglu`
+    (|dt/dgate| <= 1). That extra u(input) is also what a fused kernel costs that saves
+    silu(gate) in the input dtype in forward and scales it by dy in backward (two
+    roundings of dup in the input dtype); dgate needs s in fp32, which no such kernel
+    stores in a lower precision.
+    """
+    u = p.compute
+    u_in = unit_roundoff(p.dtype)
+    sub = _elementwise_subnormal_spacing(p.dtype)
+    s, one_minus, _ = _swiglu_sigmoid_parts(gate)
+    ds = _swiglu_sigmoid_error(gate, u) * s
+    t = s + gate * s * one_minus
+    dt = np.abs(1 + gate * (one_minus - s)) * ds + u * (np.abs(t) + 3 * np.abs(gate * s * one_minus))
+    adg = np.where(np.isfinite(dgate), np.abs(dgate), 0.0)
+    adu = np.where(np.isfinite(dup), np.abs(dup), 0.0)
+    flush = _swiglu_flush(gate)
+    a_gate = (SAFETY * (np.abs(dy * up) * dt + 2 * u * adg) + u_in * adg + sub * np.abs(t)
+              + p.store * adg + p.floor)
+    a_up = (SAFETY * (_swiglu_sigmoid_error(gate, u) + 2 * u) * adu + u_in * adu + sub * np.abs(dy)
+            + p.store * adu + p.floor)
+    rg, ru, rd = _swiglu_subnormal_read(gate), _swiglu_subnormal_read(up), _swiglu_subnormal_read(dy)
+    a_gate = a_gate + ru * np.abs(dy * t) + rg * np.abs(dy * up) + rd * np.abs(up * t)
+    a_up = a_up + rg * 1.1 * np.abs(dy) + rd * np.abs(gate * s)
+    return (np.where(flush, np.maximum(a_gate, adg + p.floor), a_gate),
+            np.where(flush, np.maximum(a_up, adu + p.floor), a_up))
