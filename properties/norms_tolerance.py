@@ -98,7 +98,9 @@ def layer_norm_grad(x: np.ndarray, weight: np.ndarray, dy: np.ndarray, dx: np.nd
     where a statistic is that small). g rounds (u |g|); c2 is a mean of n terms
     ((sum_error(n) + u) mean|g|); c1 errs by mean(|g| eta) plus its own sum
     ((sum_error(n) + 3u) mean|g x_hat|). T = g - c2 - x_hat c1 then errs by
-    u|g| + dc2 + eta |c1| + |x_hat| dc1 plus two roundings of each of its terms, and
+    u|g| + dc2 + eta |c1| + (|x_hat| + eta) dc1 plus two roundings of each of its terms
+    (the product x_hat c1 as computed is (x_hat + e)(c1 + dc), off by e c1 + x_hat dc + e dc:
+    the last, second-order, term is kept because eta is not small where it matters), and
     dx = rstd T by rstd dT + (eps_r + u) |dx|. Implementations that expand dx as
     ``a w dy + b x + c`` (torch on CPU) cancel b x against c on offset rows; their
     rounding u |b| (|x| + |mean|) is u rstd^2 |c1| (|x| + |mean|), inside
@@ -156,7 +158,14 @@ def layer_norm_grad(x: np.ndarray, weight: np.ndarray, dy: np.ndarray, dx: np.nd
     dc1 = np.mean(ag * eta, axis=-1, keepdims=True) + (sum_error(n, u) + 3 * u) * np.mean(
         np.abs(g * xhat), axis=-1, keepdims=True)
     t = g - c2 - xhat * c1
-    dt = u * ag + dc2 + eta * np.abs(c1) + np.abs(xhat) * dc1 + 2 * u * (ag + np.abs(c2) + np.abs(xhat * c1))
+    # Why the old rule was wrong: it had |x_hat| dc1 without eta dc1, first order in the
+    # x_hat error, and left the second-order term to SAFETY. On a constant row (x_hat = 0,
+    # c1 = 0: layer norm's singular point, e.g. a bf16 offset row whose spread rounded away)
+    # the first-order terms vanish, while an fp32 mean one ulp off (a division by n that is
+    # not correctly rounded: Liger-Kernel and PyTorch's CUDA layer norm, seen on an H100)
+    # makes every x_hat -0.019 at mean 1000 and dx = -rstd x_hat^2 g = -0.118 g: the rule
+    # allowed 0.0043 against 0.44 (docs/third-party/liger.md, finding 8).
+    dt = u * ag + dc2 + eta * np.abs(c1) + (np.abs(xhat) + eta) * dc1 + 2 * u * (ag + np.abs(c2) + np.abs(xhat * c1))
     # The expanded form's coefficient b ~ rstd^3 sum(w dy x) / N underflows into fp32
     # subnormals for rows of std > ~1e12 (rstd^3 < 1e-38): an absolute error of the
     # fp32 subnormal spacing in b, which multiplies x (and mean, in c).

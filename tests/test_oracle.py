@@ -169,3 +169,24 @@ def test_layer_norm_admits_input_dtype_row_sums_only_while_they_stay_checkable()
     assert np.all(a_small >= 0.5 * sum_small) and np.all(a_small < sum_small)
     # at 65 rows only fp32 accumulation is: a small fraction of sum|dy|
     assert np.all(a_large < 0.05 * sum_large)
+
+
+@pytest.mark.parametrize("n", [15, 1000])
+def test_layer_norm_dx_admits_an_fp32_mean_one_ulp_off_on_a_constant_row(n):
+    """A constant bfloat16 row is layer norm's singular point: an fp32 mean one ulp off (a
+    division by n that is not correctly rounded, as in Liger-Kernel's and PyTorch's CUDA
+    layer norm, measured on an H100) makes every x_hat -0.019 and dx = -rstd x_hat^2 g =
+    -0.44 where the exact dx is 0. Correct fp32 arithmetic: the rule must admit it."""
+    c, w0, dy0, eps, f = 1000.0, 1.5, 2.5, 1e-5, np.float32
+    x, w, dy = np.full((2, n), c), np.full(n, w0), np.full((2, n), dy0)
+    mean = f(c) + np.spacing(f(c))
+    centred = x.astype(f) - mean
+    rstd = f(1) / np.sqrt(np.mean(centred * centred, axis=-1, keepdims=True, dtype=f) + f(eps))
+    xhat, g = centred * rstd, (w * dy).astype(f)
+    c1 = np.mean(xhat * g, axis=-1, keepdims=True, dtype=f)
+    c2 = np.mean(g, axis=-1, keepdims=True, dtype=f)
+    got = torch.from_numpy((g - (xhat * c1 + c2)) * rstd).to(torch.bfloat16)
+    assert abs(float(got[0, 0]) + 0.44) < 0.01
+    allowed = norms_tolerance.layer_norm_grad(x, w, dy, np.zeros_like(x), np.zeros(n), np.full(n, 2 * dy0), eps,
+                                              Precision.of(torch.bfloat16, "cuda"))
+    assert compare("dx", got, np.zeros_like(x), allowed["dx"], dtype=torch.bfloat16).ok
