@@ -11,6 +11,7 @@ left out. Prints one line per run and exits 1 on any difference.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import subprocess
@@ -65,7 +66,9 @@ def main() -> int:
             print(f"run {i + 1}: exit {done.returncode}, {counts['passed']} passed, {counts['failure']} failed, "
                   f"{counts['error']} errors, {counts['skipped']} skipped; verdicts "
                   f"{'identical to run 1' if same_v else 'DIFFER from run 1'}; report.json "
-                  f"{'identical to run 1' if same_r else 'DIFFERS from run 1'} (timings aside)", flush=True)
+                  f"{'identical to run 1' if same_r else 'DIFFERS from run 1'} (timings aside, sha256 "
+                  f"{hashlib.sha256(json.dumps(report, sort_keys=True).encode()).hexdigest()[:16]}, "
+                  f"{len(json.dumps(report))} bytes)", flush=True)
             if not same_v:
                 for test in sorted(set(v) | set(results[0][1])):
                     if v.get(test) != results[0][1].get(test):
