@@ -318,7 +318,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         tr.section("mutation self-test")
         for line in _kill_summary(state["kills"]):
             tr.write_line(line)
-    if not state["report"]["outputs"] and not state["skipped"]:
+    if not state["report"]["outputs"] and not state["skipped"] and not state["report"]["statistical"]["tests"]:
         return
     tr.section("tolerance report")
     if state["report"]["outputs"]:
@@ -334,6 +334,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     timing = report.timing_line(state["report"])
     if timing:
         tr.write_line(timing)
+    statistical = report.statistical_line(state["report"])
+    if statistical:
+        tr.write_line(statistical)
     tr.write_line(f"full report: {CONFIG.report_dir / 'report.html'} (also .md, .json)")
     if state.get("nothing_checked"):
         tr.write_line("ERROR: no check could run on the implementation(s) given with --impl "

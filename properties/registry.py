@@ -39,6 +39,10 @@ class Check:
     ``run(case, impl)`` raises ``AssertionError`` when the property fails.
     ``cases(op, dtype)`` (optional) replaces the op's strategy for this check; ``requires``
     (optional) returns a reason when an implementation cannot be checked this way.
+    ``false_alarm``: for a statistical check (one that a correct implementation fails with
+    a small probability, e.g. a binomial test of a dropout mask), that probability per
+    example; None for checks that a correct implementation never fails. The report adds
+    them up per test and per run (a union bound).
     """
 
     name: str
@@ -46,12 +50,18 @@ class Check:
     cases: Callable[["OpSpec", torch.dtype], st.SearchStrategy[Case]] | None = None
     needs_backward: bool = False
     requires: Callable[["Implementation"], str | None] | None = None
+    false_alarm: float | None = None
 
     def __post_init__(self):
         if not self.name.isidentifier():
             raise ValueError(f"Check name must be an identifier, got {self.name!r}")
         if not callable(self.run):
             raise TypeError(f"Check {self.name!r}: run must be callable")
+        if self.false_alarm is not None and (isinstance(self.false_alarm, bool)
+                                             or not isinstance(self.false_alarm, float)
+                                             or not 0.0 < self.false_alarm < 1.0):
+            raise ValueError(f"Check {self.name!r}: false_alarm must be a float in (0, 1) (the probability per "
+                             f"example that a correct implementation fails it) or None, got {self.false_alarm!r}")
 
     @property
     def doc(self) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class Collector:
@@ -149,6 +149,38 @@ def timings(seconds: dict[str, list[float]]) -> dict[str, dict]:
     return out
 
 
+# The derived rounding bounds are not statistical checks, but their sqrt(n) part is a
+# probabilistic bound (properties/tolerance.py, SUM_LAMBDA): said once in every report.
+ROUNDING_NOTE = ("the derived allowances' sqrt(n) sum terms are probabilistic bounds acting at lambda = "
+                 "SAFETY x SUM_LAMBDA = 10: at most 2 exp(-50) = 3.9e-22 per sum (properties/tolerance.py)")
+
+
+def statistical(examples: dict[str, int], invalid: dict[str, int]) -> dict:
+    """Per test of a statistical check (``Check.false_alarm`` set): the examples that reached
+    a verdict, the rate per example and their product; and the union bound over the run."""
+    from properties import registry
+    tests = {}
+    for test, n in sorted(examples.items()):
+        op, check = test.split("-")[0], test.rsplit("-", 1)[-1]
+        spec = registry.OPS.get(op)
+        found = [c for c in spec.checks if c.name == check] if spec else []
+        if found and found[0].false_alarm is not None:
+            ran = max(0, n - invalid.get(test, 0))
+            tests[test] = {"examples": ran, "rate": found[0].false_alarm, "bound": ran * found[0].false_alarm}
+    return {"tests": tests, "run_bound": sum(t["bound"] for t in tests.values()), "rounding": ROUNDING_NOTE}
+
+
+def statistical_line(report: dict) -> str:
+    st_ = report.get("statistical") or {}
+    tests = st_.get("tests", {})
+    if not tests:
+        return ""
+    worst = max(tests.items(), key=lambda kv: kv[1]["bound"])
+    return (f"statistical checks: {len(tests)} tests, {sum(t['examples'] for t in tests.values())} examples, "
+            f"false-alarm bound {st_['run_bound']:.2g} for this run (union bound; largest: {worst[0]} "
+            f"{worst[1]['examples']} x {worst[1]['rate']:.0e} = {worst[1]['bound']:.2g})")
+
+
 def build(folder: Path, skipped: list[dict], meta: dict, limits: dict | None = None) -> dict:
     merged = merge(folder)
     return {
@@ -162,6 +194,7 @@ def build(folder: Path, skipped: list[dict], meta: dict, limits: dict | None = N
         "limits": limits or {},
         "vacuous_per_test": _vacuous_per_test(merged["rows"]),
         "timing_per_test": timings(merged["seconds"]),
+        "statistical": statistical(merged["examples"], merged["invalid"]),
         "skipped": skipped,
     }
 
@@ -296,6 +329,8 @@ def markdown(report: dict) -> str:
                      f"{_fmt(o['max_ulp'], '.3g')} | {_fmt(o['max_headroom'], '.3f')} | {_parity_cell(o)} | {_vacuous(o)} |")
     lines += ["", "## Vacuous elements", "", _vacuity_line(report)]
     lines += ["", "## Examples run (Hypothesis)", "", _examples_line(report)]
+    lines += ["", "## False alarms", "", (statistical_line(report) or "no statistical check ran") + ";",
+              (report.get("statistical") or {}).get("rounding", ROUNDING_NOTE) + "."]
     rows = discard_rows(report)
     if rows:
         lines += ["", f"## Refusals, vacuous comparisons and discards (over {DISCARD_SHOWN:.0%})", "",
@@ -337,7 +372,9 @@ def html_page(report: dict) -> str:
         .replace("{{EXAMPLES}}", esc(_examples_line(report)).replace("`", "")
                  + (f"<pre>{esc(discard_table(report))}</pre>" if discard_rows(report) else "")
                  + "".join(f"<p>limits of <code>{esc(k)}</code>: {esc(v)}</p>"
-                           for k, v in sorted(report.get("limits", {}).items()))) \
+                           for k, v in sorted(report.get("limits", {}).items()))
+                 + f"<p>False alarms: {esc(statistical_line(report) or 'no statistical check ran')}; "
+                 f"{esc((report.get('statistical') or {}).get('rounding', ROUNDING_NOTE))}.</p>") \
         .replace("{{TIMING}}", "".join(
             f"<tr><td>{esc(t)}</td><td>{v['examples']}</td><td>{v['first_s']:.2f}</td>"
             f"<td>{_fmt(v['median_rest_s'], '.3f')}</td><td>{v['total_s']:.1f}</td></tr>"

@@ -131,3 +131,24 @@ def test_refusals_and_discards_reach_every_report(tmp_path):
     md = report.markdown(data)
     assert "## Refusals, vacuous comparisons and discards" in md and "N <= 65536" in md
     assert "rows of 70000" in report.html_page(data)
+
+
+def test_statistical_checks_add_up_to_a_union_bound_per_run():
+    registry.load()
+    examples = {"dropout_residual_layer_norm-triton-float16-keep_fraction_binomial": 25,
+                "dropout_residual_layer_norm-triton-float16-seed_reproducible": 10,
+                "softmax-triton-float16-matches_reference": 40}
+    invalid = {"dropout_residual_layer_norm-triton-float16-keep_fraction_binomial": 5}
+    figures = report.statistical(examples, invalid)
+    keep = figures["tests"]["dropout_residual_layer_norm-triton-float16-keep_fraction_binomial"]
+    assert keep["examples"] == 20 and keep["bound"] == pytest.approx(20 * keep["rate"])
+    assert "softmax-triton-float16-matches_reference" not in figures["tests"]  # exact checks carry no rate
+    assert figures["run_bound"] == pytest.approx(sum(t["bound"] for t in figures["tests"].values()))
+    line = report.statistical_line({"statistical": figures})
+    assert line.startswith("statistical checks: 2 tests, 30 examples, false-alarm bound")
+
+
+@pytest.mark.parametrize("rate", [0.0, 1.0, 2, True, "1e-6"])
+def test_a_check_false_alarm_rate_must_be_a_probability(rate):
+    with pytest.raises(ValueError, match="false_alarm must be a float in \\(0, 1\\)"):
+        registry.Check("keep_fraction", lambda case, impl: None, false_alarm=rate)
