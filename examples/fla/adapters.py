@@ -1,0 +1,88 @@
+"""flash-linear-attention's Triton kernels behind the tritoncheck contract (docs/third-party/fla.md).
+
+    PYTHONPATH=examples/fla python -m pytest tests/test_checks.py --impl linear_attention=adapters:linear_attention ...
+
+fla-core 0.6.0 (``pip install --no-deps fla-core==0.6.0 einops``). What each adapter runs:
+
+- ``elu_feature_map``: fla's ``ELUPlusOneFunction`` (the autotuned ``elu_p1_fwd_kernel`` and
+  ``elu_p1_bwd_kernel``), what ``fla.modules.activations.elu_p1`` calls for a GPU tensor.
+- ``linear_attention``: ``fused_chunk_linear_attn(normalize=False, scale=1.0)`` for the
+  numerator ``sum_{j<=i} (q_i . k_j) v_j`` (``chunk_linear_attention``: ``chunk_linear_attn``,
+  fla's other kernel path), then fla's own normalisation step with the contract's ``eps``
+  (:func:`normalise`).
+- fla has causal linear attention only (its kernels mask ``j <= i``; no bidirectional
+  form): ``causal=False`` is refused with a ``ValueError`` and declared in ``limits``, so
+  the suite draws causal cases only and skips ``last_causal_equals_bidirectional``.
+- Layout: fla takes ``[B, T, H, D]``, the contract ``[B, H, N, D]``: the adapter passes the
+  transposed views (fla's ``input_guard`` copies them contiguous) and transposes back.
+
+fla's kernels do not run under the Triton interpreter (3.9), which ``conftest.py`` selects
+without a GPU: its autotuner times configs through a GPU driver (``RuntimeError: 0 active
+drivers``), and pinned to one config the kernels still fail there (``i_t.to(tl.int64)`` on
+the interpreter's Python int loop counter in the linear-attention kernels,
+``libdevice.exp`` resolving to None in ``elu_p1``). On the interpreter the adapters refuse
+every call with ``NotImplementedError`` saying so, so a CPU run reports skips with that
+reason instead of failures that are not fla's.
+"""
+from __future__ import annotations
+
+import torch
+from fla.modules.activations.ops import ELUPlusOneFunction
+from fla.ops.linear_attn import chunk_linear_attn, fused_chunk_linear_attn
+from fla.ops.utils.cumsum import chunk_global_cumsum
+
+from properties import backend
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _refuse_interpreter() -> None:
+    if backend.current() == "interpret":
+        raise NotImplementedError(
+            "fla's kernels do not run under the Triton interpreter (its autotuner needs a GPU driver; "
+            "i_t.to() on a loop counter and libdevice.exp fail there): run on a GPU")
+
+
+def elu_feature_map(x):
+    _refuse_interpreter()
+    return ELUPlusOneFunction.apply(x)
+
+
+def normalise(numerator, q, k_cum, eps):
+    """fla's ``StatefulNormalizeFunction.forward`` (fla/ops/linear_attn/utils.py) with scale 1
+    and the contract's eps where fla adds a fixed 1e-10.
+
+    fla computes ``denom = (q * scale * k_cum).sum(-1, keepdim=True) + 1e-10`` and
+    ``o / denom`` in the input dtype, with ``k_cum`` its key cumsum in k's dtype. With scale s
+    that is ``q_i S_i / (q_i . z_i + 1e-10 / s)``: the contract's formula only for
+    eps = 1e-10 / s, and the contract draws eps 1e-6 and 1e-3. So the numerator comes from
+    fla unnormalised (``normalize=False``, scale 1) and this step is fla's, eps replaced."""
+    denom = (q * 1.0 * k_cum).sum(-1, keepdim=True) + eps
+    return numerator / denom
+
+
+def _linear_attention(numerator_kernel, q, k, v, causal, eps):
+    if not causal:
+        raise ValueError("fla's linear attention is causal only (no bidirectional form): causal must be True, "
+                         f"got {causal!r}")
+    _refuse_interpreter()
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, N, D] -> fla's [B, T, H, D]
+    numerator, _ = numerator_kernel(q, k, v, scale=1.0, normalize=False)
+    k_cum = chunk_global_cumsum(k, output_dtype=k.dtype)  # as fla's normalisation calls it
+    return normalise(numerator, q, k_cum, eps).transpose(1, 2)
+
+
+def linear_attention(q, k, v, causal=False, eps=1e-6):
+    return _linear_attention(fused_chunk_linear_attn, q, k, v, causal, eps)
+
+
+def chunk_linear_attention(q, k, v, causal=False, eps=1e-6):
+    return _linear_attention(chunk_linear_attn, q, k, v, causal, eps)
+
+
+elu_feature_map.dtypes = _DTYPES
+elu_feature_map.supports_backward = True
+for _fn in (linear_attention, chunk_linear_attention):
+    _fn.dtypes = _DTYPES
+    _fn.supports_backward = False  # the contract asks no gradient of linear_attention
+    _fn.limits = {"values": {"causal": (True,)}}

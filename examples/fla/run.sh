@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The flash-linear-attention example on a GPU: the adapter formula check, then the suite
+# through the adapters. Needs fla-core 0.6.0 and einops importable
+# (pip install --no-deps fla-core==0.6.0 einops).
+# Usage: bash examples/fla/run.sh [REPORT_DIR] [pytest args...]   (default reports/fla)
+# FLA_CHUNK=1 also runs fla's other linear-attention path (chunk_linear_attn).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+REPORTS=${1:-reports/fla}
+WORKERS=${WORKERS:-8}
+export PYTHONPATH=".:examples/fla${PYTHONPATH:+:$PYTHONPATH}"
+python3 -c 'import fla, torch, triton; from importlib.metadata import version; print("fla-core", version("fla-core"), "einops", version("einops"), "torch", torch.__version__, "triton", triton.__version__)'
+python3 examples/fla/adapter_formula.py; echo "examples/fla/adapter_formula.py: exit $? (0: the formula is the contract's)"
+# --shapes 1: fla autotunes per head dims, heads and batch (fused_chunk_fwd_kernel 12 configs
+# per (H, D, Dv, chunk), chunk_global_cumsum_vector_kernel 48 per (B, H, D), elu_p1 30 + 30
+# per last dim, each per dtype; README): one pool value per dim besides the block boundaries
+# bounds the sweeps, while N and the values stay free. The first-example time of each test
+# (compile + autotune) is in the report's "slowest first examples" line.
+python3 -m pytest tests/test_checks.py -n "$WORKERS" -q -rfs --tb=line -p no:randomly --shapes 1 "${@:2}" \
+    --impl linear_attention=adapters:linear_attention --impl elu_feature_map=adapters:elu_feature_map \
+    --report-dir "$REPORTS/fused_chunk"
+echo "linear_attention (fused_chunk_linear_attn), elu_feature_map (elu_p1): exit $?"
+if [[ "${FLA_CHUNK:-0}" == 1 ]]; then
+    python3 -m pytest tests/test_checks.py -n "$WORKERS" -q -rfs --tb=line -p no:randomly --shapes 1 "${@:2}" \
+        --impl linear_attention=adapters:chunk_linear_attention --report-dir "$REPORTS/chunk"
+    echo "linear_attention (chunk_linear_attn): exit $?"
+fi
