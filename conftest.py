@@ -329,6 +329,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         tr.write_line(f"examples that did not count (refused, vacuous, or over {report.DISCARD_SHOWN:.0%} "
                       "discarded by assume):")
         tr.write_line(discards)
+    for line in report.vacuous_lines(state["report"]):
+        tr.write_line(line)
     for name, text in sorted(state["report"].get("limits", {}).items()):
         tr.write_line(f"declared limits of {name}: {text}")
     timing = report.timing_line(state["report"])

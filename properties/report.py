@@ -99,6 +99,7 @@ def summarise(rows: list[dict]) -> list[dict]:
             "max_ulp": max(r["max_ulp"] for r in rs), "p99_ulp": _pct([r["max_ulp"] for r in rs], 99),
             "vacuous": sum(r["vacuous"] for r in rs), "counted": sum(r["counted"] for r in rs),
             "vacuous_examples": sum(r["mostly_vacuous"] for r in rs),
+            "vacuous_where": vacuous_where(rs),
             "max_headroom": worst["headroom"], "allowed_at_worst": worst["allowed_at_worst"],
             "closest_case": {"check": worst["check"], "impl": worst["impl_target"], "case": worst["case"]},
             "points": [[r["numel"], r["max_rel"], r["headroom"]] for r in rs],
@@ -106,6 +107,33 @@ def summarise(rows: list[dict]) -> list[dict]:
             **_parity_summary(rs),
         })
     return out
+
+
+def regime(case: dict) -> str:
+    """The value regime of a case's float inputs, in a few words: each tensor's strategy
+    family (normal, near_max, tiny, offset, ...) and its scale where it has one."""
+    parts = []
+    for name in sorted(case.get("tensors", {})):
+        spec = case["tensors"][name]
+        if spec.get("family") == "indices" or spec.get("dtype") == "bool":
+            continue
+        scale = spec.get("scale", 1.0)
+        shown = f" x{scale:g}" if scale not in (1, 1.0) and spec.get("family") not in ("near_max", "tiny") else ""
+        parts.append(f"{name} {spec.get('family')}{shown}")
+    return ", ".join(parts)
+
+
+def vacuous_where(rows: list[dict], top: int = 3) -> list[dict]:
+    """Where an output's vacuous elements came from: the input regimes (:func:`regime`) of
+    the examples that had them, most elements first, with element and example counts."""
+    tally: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in rows:
+        if r["vacuous"]:
+            t = tally[regime(r["case"])]
+            t[0] += r["vacuous"]
+            t[1] += 1
+    ranked = sorted(tally.items(), key=lambda kv: -kv[1][0])[:top]
+    return [{"regime": k, "elements": v[0], "examples": v[1]} for k, v in ranked]
 
 
 def _parity_summary(rows: list[dict]) -> dict:
@@ -274,9 +302,23 @@ def _vacuity_line(report: dict) -> str:
     if not bad:
         return "No vacuous elements: every counted allowance stayed below |expected|."
     listed = "; ".join(f"{o['op']}/{o['impl']}/{o['dtype']}/{o['output']}: {o['vacuous']} of {o['counted']} "
-                       f"elements, {o['vacuous_examples']} of {o['examples']} examples" for o in bad)
+                       f"elements, {o['vacuous_examples']} of {o['examples']} examples" + _where(o) for o in bad)
     return (f"Vacuous elements (allowance >= |expected|: an output of 0 would have passed there), "
-            f"per output: {listed}.")
+            f"per output, with the input regimes they came from: {listed}. Why an output can be vacuous "
+            f"there: docs/vacuity.md.")
+
+
+def vacuous_lines(report: dict) -> list[str]:
+    """For the terminal: outputs with at least one mostly vacuous example, and where."""
+    return [f"vacuous {o['op']}/{o['impl']}/{o['dtype']}/{o['output']}: {o['vacuous']} of {o['counted']} elements, "
+            f"{o['vacuous_examples']} of {o['examples']} examples mostly" + _where(o)
+            for o in report["outputs"] if o["vacuous_examples"]]
+
+
+def _where(o: dict) -> str:
+    where = o.get("vacuous_where") or []
+    return (" (where: " + "; ".join(f"{w['regime']}: {w['elements']} in {w['examples']} ex." for w in where) + ")"
+            if where else "")
 
 
 def _examples_line(report: dict) -> str:

@@ -10,6 +10,7 @@ import torch
 
 from kernels.attention import attention as _attention
 from kernels.elementwise import rope as _rope
+from kernels.linear_attention import linear_attention as _linear_attention
 from kernels.softmax import softmax as _softmax
 from mutants.softmax import padded_lanes_zero as _padded_lanes_zero
 
@@ -92,3 +93,14 @@ def rope_same_dtype_declared(x, cos, sin):
 
 
 rope_same_dtype_declared.limits = {"same_dtype": ("cos", "sin")}
+
+
+def linear_attention_causal_only_declared(q, k, v, causal=False, eps=1e-6):
+    """Causal only, as flash-linear-attention's kernels are."""
+    if not causal:
+        raise ValueError("causal: only causal=True is supported")
+    return _linear_attention(q, k, v, causal=True, eps=eps)
+
+
+linear_attention_causal_only_declared.limits = {"values": {"causal": (True,)}}
+

@@ -103,3 +103,15 @@ def test_rope_tables_in_x_dtype_only(tmp_path):
         assert _outcome(outcomes, impl, "matches_reference") == "passed", out[-3000:]
     assert _refused(report, "rope_same_dtype_declared") == 0
     assert _refused(report, "rope_same_dtype") > 0
+
+
+def test_a_check_that_needs_an_excluded_value_is_skipped_up_front(tmp_path):
+    """last_causal_equals_bidirectional calls both masks: a causal-only kernel is skipped
+    with the reason before any example, the other checks run inside its limits."""
+    outcomes, report, out = run_suite(tmp_path, "linear_attention", ["linear_attention_causal_only_declared"],
+                                      ["float32"], "-k", "matches_reference or last_causal", examples=3)
+    skipped = _outcome(outcomes, "linear_attention_causal_only_declared", "last_causal_equals_bidirectional")
+    assert skipped.startswith("skipped: ") and "this check compares both masks" in skipped, skipped
+    assert _outcome(outcomes, "linear_attention_causal_only_declared", "matches_reference") == "passed", out[-3000:]
+    assert _refused(report, "linear_attention_causal_only_declared") == 0
+

@@ -152,3 +152,12 @@ def test_statistical_checks_add_up_to_a_union_bound_per_run():
 def test_a_check_false_alarm_rate_must_be_a_probability(rate):
     with pytest.raises(ValueError, match="false_alarm must be a float in \\(0, 1\\)"):
         registry.Check("keep_fraction", lambda case, impl: None, false_alarm=rate)
+
+
+def test_vacuous_elements_are_traced_to_the_input_regime_they_came_from():
+    case = Case("softmax", "float16", ("x", "temperature"),
+                {"x": TensorSpec((2, 5), "float16", "near_max", 1.0, 0),
+                 "dy": TensorSpec((2, 5), "float16", "normal", 1e3, 1)}, {"temperature": 1.0}).to_json()
+    quiet = dict(case, tensors={"x": dict(case["tensors"]["x"], family="normal")})
+    rows = [{"vacuous": 7, "case": case}, {"vacuous": 2, "case": case}, {"vacuous": 0, "case": quiet}]
+    assert report.vacuous_where(rows) == [{"regime": "dy normal x1000, x near_max", "elements": 9, "examples": 2}]
