@@ -85,7 +85,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: n
     j* (softmax only sees differences), zeta_j = eta_j - eta_j* is bounded by
     E_j = eps_ij + eps_ij* (E_j* = 0), and exactly
         o' - o = sum_j p_j (e^{zeta_j} - 1)(v_j - o) / Z,   Z = sum_j p_j e^{zeta_j}
-    so |o' - o| <= (sum_j p_j expm1(E_j) (|v_j| + |o|)) / max(p_j*, sum_j p_j e^{-E_j}).
+    so |o' - o| <= (sum_j p_j expm1(E_j) |v_j - o|) / max(p_j*, sum_j p_j e^{-E_j}), with
+    |v_j - o| <= |v_j - c| + |o - c| for c = 0 and for c the midrange of each value
+    column, whichever bound is smaller.
     This is not first-order: it stays a bound when scores near the dtype's range make
     E large, and it vanishes for a row dominated by one key. For lse,
     |lse' - lse| <= log sum_j p_j e^{eps_ij} = logsumexp(s + eps) - lse.
@@ -99,7 +101,13 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: n
     exp2 (EXP_ULPS + 2 u per block, plus u times the total rise of the running max
     <= m - min s), m + log2(l) and the LN2 / LOG2E conversions (u (2 |m| + |lse| + log l)).
     Stored o: p.store |o|, plus p.floor. A convex combination of the v_j can never be
-    further than max_j |v_j| + |o| from o: the o allowance is capped at twice that.
+    further than max_j |v_j - o| from o: the score part is capped at twice
+    max_j |v_j - c| + |o - c|, and the whole o allowance at twice max_j |v_j| + |o|.
+
+    Why the old rule was wrong: it bounded |v_j - o| by |v_j| + |o|, so values with a
+    large common offset (o close to every v_j) got an allowance of the offset's size, and
+    o became vacuous (allowance >= |o|) wherever the scores were uncertain: 246125 of
+    308151 bfloat16 o elements in an H100 run, the v "offset" family first among them.
     """
     s, visible = attention_scores(q, k, causal, scale)
     eps = attention_score_error(q, k, s, visible, scale, p)
@@ -123,7 +131,19 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: n
                        np.sum(pr * np.exp(-big_e), axis=-1, keepdims=True))
         av, ao = np.abs(v), np.abs(o)
         pv = pr @ av
-        score_part = (w @ av + np.sum(w, axis=-1, keepdims=True) * ao) / z
+        # |v_j - o| <= |v_j - c| + |o - c| for any centre c of each value column; the
+        # midrange of the column keeps both small when the values share a large offset
+        # (o is then close to every v_j, and perturbed weights move it little)
+        c = (np.max(v, axis=-2, keepdims=True) + np.min(v, axis=-2, keepdims=True)) / 2
+        c = np.where(np.isfinite(c), c, 0.0)
+        dv_c, do_c = np.abs(v - c), np.abs(o - c)
+        w_sum = np.sum(w, axis=-1, keepdims=True)
+        # both centres give a bound (c = 0: values spread around 0, where a midrange c
+        # drawn off 0 would loosen it): the smaller one holds
+        score_part = np.minimum(w @ dv_c + w_sum * do_c, w @ av + w_sum * ao) / z
+        # the weights' perturbation alone keeps o' a convex combination of the visible v_j
+        vdev = np.maximum.accumulate(dv_c, axis=-2) if causal else np.max(dv_c, axis=-2, keepdims=True)
+        score_part = np.minimum(score_part, 2 * (vdev + do_c))
         sub = np.where(visible & (pr < 4 * tiny), 1.0, 0.0)
         rounding = u_p * pv + p_floor * (sub @ av) + (sum_error(n, p.compute) + 2 * nb * p.compute) * (pv + ao) \
             + p.compute * ao + DOT_READ_FLOOR
