@@ -76,6 +76,25 @@ def attention_floor(p: Precision) -> float:
     return p.floor
 
 
+def _same_key_as(k: np.ndarray, jstar: np.ndarray) -> np.ndarray:
+    """[..., Nq, Nk]: whether key j's row of k equals, bit for bit, the row of key
+    jstar[..., i] (ids of distinct rows per batch and head, so memory stays Nq x Nk)."""
+    ids = np.empty(k.shape[:-1], dtype=np.int64)
+    for index in np.ndindex(*k.shape[:-2]):
+        _, ids[index] = np.unique(k[index], axis=0, return_inverse=True)
+    return ids[..., None, :] == np.take_along_axis(ids[..., None, :], jstar, axis=-1)
+
+
+def _log_weights(s: np.ndarray, visible: np.ndarray) -> np.ndarray:
+    """log p_ij = (s_ij - m_i) - log sum_j exp(s_ij - m_i), -inf where masked. Not s - lse:
+    for scores of 1e16 and more lse = m + log(sum) rounds to m in fp64, and a row of equal
+    scores got log-weights 0 (weights 1, not 1/n)."""
+    m = np.max(np.where(visible, s, -np.inf), axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    d = np.where(visible, s - m, -np.inf)
+    return d - np.log(np.sum(np.exp(d), axis=-1, keepdims=True))
+
+
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
               causal: bool, scale: float, p: Precision) -> tuple[np.ndarray, np.ndarray]:
     """Allowed absolute errors of (o, lse) of attention, from the fp64 inputs and reference.
@@ -87,7 +106,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: n
         o' - o = sum_j p_j (e^{zeta_j} - 1)(v_j - o) / Z,   Z = sum_j p_j e^{zeta_j}
     so |o' - o| <= (sum_j p_j expm1(E_j) |v_j - o|) / max(p_j*, sum_j p_j e^{-E_j}), with
     |v_j - o| <= |v_j - c| + |o - c| for c = 0 and for c the midrange of each value
-    column, whichever bound is smaller.
+    column, whichever bound is smaller. A key whose k row equals the top key's bit for
+    bit is scored by the same dot product on the same operands, so E_j = 0 for it (a
+    constant k makes every weight exact, whatever the scores' rounding).
     This is not first-order: it stays a bound when scores near the dtype's range make
     E large, and it vanishes for a row dominated by one key. For lse,
     |lse' - lse| <= log sum_j p_j e^{eps_ij} = logsumexp(s + eps) - lse.
@@ -114,16 +135,20 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: n
     u_p, p_floor = _attention_parts(p)
     tiny = float(torch.finfo(p.dtype).tiny)
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-        pr = np.where(visible, np.exp(s - lse[..., None]), 0.0)
+        logp = _log_weights(s, visible)
+        pr = np.where(visible, np.exp(logp), 0.0)
         n = visible.sum(axis=-1, keepdims=True)
         nb = np.ceil(n / 16)
         jstar = np.argmax(s, axis=-1)[..., None]
         eps_star = np.take_along_axis(eps, jstar, axis=-1)
         top = np.arange(s.shape[-1]) == jstar
-        big_e = np.where(visible & ~top, eps + eps_star, 0.0)
+        # A key whose row of k is the top key's, bit for bit, gets the same computed score
+        # (the same dot product of the same operands): its zeta_j is exactly 0.
+        twin = _same_key_as(k, jstar)
+        big_e = np.where(visible & ~top & ~twin, eps + eps_star, 0.0)
         # p_j (e^{E_j} - 1), formed in the log domain: p_j may underflow where e^{E_j}
         # does not; exponents are clipped at 300 (the allowance is then capped anyway)
-        w = np.where(visible, np.exp(np.minimum(s - lse[..., None] + big_e, 300.0)), 0.0) - pr
+        w = np.where(visible, np.exp(np.minimum(logp + big_e, 300.0)), 0.0) - pr
         # z bounds the perturbed normaliser from below; it includes p_max >= 1/n. With scores
         # near 1e76 (bf16 q, k near max), s - lse loses every digit in fp64 and p_max can
         # come out 0 (then z = 0 and the allowance inf); 1/n keeps the bound finite and true.
@@ -203,11 +228,12 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
     d = q.shape[-1]
     kt = lambda x: np.swapaxes(x, -1, -2)  # noqa: E731
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-        pr = np.where(visible, np.exp(s - lse[..., None]), 0.0)
+        logp = _log_weights(s, visible)
+        pr = np.where(visible, np.exp(logp), 0.0)
         expo = np.where(visible, eps + lse_allowed[..., None] + SAFETY * p.compute * (np.abs(s - lse[..., None])
                                                                                        + EXP_ULPS), 0.0)
         # P_ij (e^{expo} - 1), in the log domain (P_ij may underflow where the product does not)
-        p_rel = np.where(visible, np.exp(np.minimum(s - lse[..., None] + expo, 300.0)), 0.0) - pr
+        p_rel = np.where(visible, np.exp(np.minimum(logp + expo, 300.0)), 0.0) - pr
         n_row = visible.sum(axis=-1, keepdims=True)  # keys each query sees
         n_col = kt(visible.sum(axis=-2, keepdims=True))  # queries that see each key
         ad, av, ao = np.abs(do), np.abs(v), np.abs(o)
