@@ -199,13 +199,13 @@ def statistical(examples: dict[str, int], invalid: dict[str, int]) -> dict:
 
 
 def statistical_line(report: dict) -> str:
-    st_ = report.get("statistical") or {}
-    tests = st_.get("tests", {})
+    figures = report.get("statistical") or {}
+    tests = figures.get("tests", {})
     if not tests:
         return ""
     worst = max(tests.items(), key=lambda kv: kv[1]["bound"])
     return (f"statistical checks: {len(tests)} tests, {sum(t['examples'] for t in tests.values())} examples, "
-            f"false-alarm bound {st_['run_bound']:.2g} for this run (union bound; largest: {worst[0]} "
+            f"false-alarm bound {figures['run_bound']:.2g} for this run (union bound; largest: {worst[0]} "
             f"{worst[1]['examples']} x {worst[1]['rate']:.0e} = {worst[1]['bound']:.2g})")
 
 
