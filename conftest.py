@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.errors import InvalidArgument
 
-from properties import backend
+from properties import backend, devices
 from properties.config import CONFIG, PROFILE_SIZES
 
 # Each suppressed health check with its reason; the others stay on.
@@ -119,6 +119,9 @@ def pytest_configure(config):
         chosen = backend.select(config.getoption("--backend"))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    # One GPU per xdist worker (gw<i> -> GPU i % G), before anything (a --impl module at
+    # import, below) can make a tensor on CUDA's default device
+    devices.select_worker_gpu(config.workerinput["workerid"] if _is_worker(config) else None, chosen)
     profile = config.getoption("hypothesis_profile", None) or ("gpu" if chosen == "cuda" else "ci")
     settings.load_profile(profile)
     if config.getoption("--max-examples"):
@@ -270,7 +273,7 @@ def pytest_sessionfinish(session, exitstatus):
     config = session.config
     state = config._tritoncheck
     name = config.workerinput["workerid"] if _is_worker(config) else "main"
-    harness._collector.dump(CONFIG.report_dir / "parts", name)
+    harness._collector.dump(CONFIG.report_dir / "parts", name, gpu=devices.current_gpu(state["backend"]))
     if _is_worker(config):
         return
     device = torch.cuda.get_device_name() if state["backend"] == "cuda" else "cpu (Triton interpreter)"
@@ -336,6 +339,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     timing = report.timing_line(state["report"])
     if timing:
         tr.write_line(timing)
+    gpus = report.gpu_line(state["report"])
+    if gpus:
+        tr.write_line(gpus)
     statistical = report.statistical_line(state["report"])
     if statistical:
         tr.write_line(statistical)

@@ -139,10 +139,12 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
     return Verdict(False, dtype, "")
 
 
-def _child(conn, backend_name: str, size: str, fn, args, tolerance: str = "derived") -> None:
-    """The body of an isolated child: the parent's backend, size and tolerance mode, then ``fn(*args)``."""
+def _child(conn, backend_name: str, size: str, fn, args, tolerance: str = "derived", gpu: int | None = None) -> None:
+    """The body of an isolated child: the parent's backend, size, tolerance mode and GPU, then ``fn(*args)``."""
     from properties.config import CONFIG
     backend.select(backend_name)  # a spawned child starts with nothing selected
+    if gpu is not None:  # the parent's GPU (one per xdist worker), not CUDA's default device
+        torch.cuda.set_device(gpu)
     CONFIG.size = size
     CONFIG.tolerance = tolerance
     try:
@@ -171,8 +173,9 @@ def isolated(fn, *args) -> Verdict:
         torch.set_num_threads(1)
     context = multiprocessing.get_context("spawn" if on_cuda else "fork")
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(send, backend.current(), CONFIG.size, fn, args, CONFIG.tolerance),
-                            daemon=True)
+    gpu = torch.cuda.current_device() if on_cuda else None
+    child = context.Process(target=_child, args=(send, backend.current(), CONFIG.size, fn, args, CONFIG.tolerance,
+                                                 gpu), daemon=True)
     child.start()
     send.close()  # the child holds the only writer: its death reads as EOF here
     try:
