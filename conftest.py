@@ -70,6 +70,9 @@ def pytest_addoption(parser):
                          "a pool fixed for the run per (op, dtype, dim): the block boundaries and N other sizes; "
                          "sequence and row counts stay free (bounds compilations of autotuned kernels)")
     group.addoption("--shapes-seed", type=int, default=0, help="which N values --shapes picks")
+    group.addoption("--cp-world-size", type=int, default=None, metavar="W",
+                    help="ranks (processes; on CUDA one GPU each) for the context-parallel attention checks "
+                         "(tests/test_context_parallel.py; gloo on CPU, NCCL on GPUs); default 2")
     group.addoption("--tolerance", choices=("derived", "parity"), default="derived",
                     help="derived (default): fail past the derived allowance; parity: fail only past both it and "
                          "2x plain PyTorch's error in the input dtype on the same input (properties/parity.py)")
@@ -146,10 +149,18 @@ def pytest_configure(config):
         unknown = set(CONFIG.ops or ()) - set(registry.load())
         if unknown:
             raise ValueError(f"--op {', '.join(sorted(unknown))}: unknown; known ops: {', '.join(sorted(registry.OPS))}")
+        from properties import context_parallel
+        world = config.getoption("--cp-world-size")
+        if world is not None and world < 1:
+            raise ValueError(f"--cp-world-size {world}: must be at least 1")
+        context_parallel.SETTINGS.world_size = world or context_parallel.DEFAULT_WORLD_SIZE
         for spec in config.getoption("--impl"):
             op, sep, target = spec.partition("=")
             if not sep:
                 raise ValueError(f"--impl {spec!r}: expected OP=package.module:function")
+            if op.strip() == context_parallel.OP:  # distributed: run on ranks, not in the registry's tests
+                context_parallel.register_implementation(target.strip())
+                continue
             registry.register_implementation(op.strip(), target.strip())
         if registry._user_impls and CONFIG.ops and not set(CONFIG.ops) & set(registry._user_impls):
             raise ValueError(f"--op {', '.join(CONFIG.ops)} selects none of the ops given with --impl "
@@ -168,12 +179,20 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
+def _checks_user_impl(nodeid: str, registry_impls: bool, cp_impls: bool) -> bool:
+    """Whether a test checks an implementation given with --impl: the registry's ops run in
+    tests/test_checks.py, context-parallel attention in test_cp_check."""
+    return (registry_impls and nodeid.startswith("tests/test_checks.py")) or \
+        (cp_impls and nodeid.startswith("tests/test_context_parallel.py::test_cp_check"))
+
+
 def pytest_collection_modifyitems(config, items):
     """With --impl, run only the checks of the user's implementation: the suite's own
     kernel tests and self-tests are about the suite, not about the user's kernel."""
-    from properties import registry
-    if registry._user_impls:
-        keep = [i for i in items if i.nodeid.startswith("tests/test_checks.py")]
+    from properties import context_parallel, registry
+    registry_impls, cp_impls = bool(registry._user_impls), bool(context_parallel.SETTINGS.user_targets)
+    if registry_impls or cp_impls:
+        keep = [i for i in items if _checks_user_impl(i.nodeid, registry_impls, cp_impls)]
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
 
@@ -185,7 +204,7 @@ def pytest_runtest_logreport(report):
     if "test_mutant_killed" in report.nodeid and report.when == "call":
         # the call's duration is the time to kill: the hunt in each dtype until one fails
         state["kills"].append((report.nodeid.partition("[")[2].rstrip("]"), report.passed, report.duration))
-    if "test_checks.py" not in report.nodeid:
+    if "test_checks.py" not in report.nodeid and "test_context_parallel.py::test_cp_check" not in report.nodeid:
         return
     if report.when == "call" or (report.when == "setup" and report.skipped):
         if report.skipped:
@@ -283,8 +302,9 @@ def pytest_sessionfinish(session, exitstatus):
     data = report.build(CONFIG.report_dir, state["skipped"], meta, limits=_declared_limits())
     report.write(CONFIG.report_dir, data)
     state["report"] = data
-    from properties import registry
-    if registry._user_impls and state["counted"] == 0 and exitstatus in (0, 5):
+    from properties import context_parallel, registry
+    user_impls = registry._user_impls or context_parallel.SETTINGS.user_targets
+    if user_impls and state["counted"] == 0 and exitstatus in (0, 5):
         # Every check of the user's implementation was skipped: nothing was verified.
         state["nothing_checked"] = True
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
