@@ -145,11 +145,11 @@ def pytest_configure(config):
         for name, dtype in zip(config.getoption("--dtype"), CONFIG.dtypes or ()):
             if dtype not in FLOAT_DTYPES:
                 raise ValueError(f"--dtype {name}: the contract's dtypes are float32, float16 and bfloat16")
-        from properties import registry
-        unknown = set(CONFIG.ops or ()) - set(registry.load())
+        from properties import context_parallel, registry
+        unknown = set(CONFIG.ops or ()) - set(registry.load()) - {context_parallel.OP}
         if unknown:
-            raise ValueError(f"--op {', '.join(sorted(unknown))}: unknown; known ops: {', '.join(sorted(registry.OPS))}")
-        from properties import context_parallel
+            raise ValueError(f"--op {', '.join(sorted(unknown))}: unknown; known ops: "
+                             f"{', '.join(sorted([*registry.OPS, context_parallel.OP]))}")
         world = config.getoption("--cp-world-size")
         if world is not None and world < 1:
             raise ValueError(f"--cp-world-size {world}: must be at least 1")
@@ -190,6 +190,14 @@ def pytest_collection_modifyitems(config, items):
     """With --impl, run only the checks of the user's implementation: the suite's own
     kernel tests and self-tests are about the suite, not about the user's kernel."""
     from properties import context_parallel, registry
+    # --op and --dtype narrow the context-parallel checks as they narrow tests/test_checks.py
+    narrowed = [i for i in items if (i.nodeid.startswith("tests/test_context_parallel.py::test_cp_check")
+                and ((CONFIG.ops and context_parallel.OP not in CONFIG.ops)
+                     or (CONFIG.dtypes and i.callspec.params["dtype"] not in CONFIG.dtypes)))
+                or (i.nodeid.startswith("tests/test_checks.py") and CONFIG.ops == (context_parallel.OP,))]
+    if narrowed:
+        config.hook.pytest_deselected(items=narrowed)
+        items[:] = [i for i in items if i not in narrowed]
     registry_impls, cp_impls = bool(registry._user_impls), bool(context_parallel.SETTINGS.user_targets)
     if registry_impls or cp_impls:
         keep = [i for i in items if _checks_user_impl(i.nodeid, registry_impls, cp_impls)]
