@@ -28,8 +28,10 @@ is the larger of the two, element by element.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import time
 import zlib
 
 import numpy as np
@@ -40,7 +42,7 @@ from hypothesis import strategies as st
 from properties import attention_tolerance as rules
 from properties import backend, rank_pool, registry, tolerance
 from properties.attention import attention_cases
-from properties.oracle import assert_close
+from properties.oracle import assert_close, recording
 from properties.strategies import FLOAT_DTYPES, Case
 from properties.tolerance import EXP_ULPS, SAFETY, U32, Precision
 from references import attention as ref
@@ -115,26 +117,38 @@ def _starts(chunks) -> list[int]:
 
 def merged_allowance(q, k, v, o, lse, chunks, causal: bool, scale: float, p: Precision):
     """Allowed |error| of (o, lse) (fp64 arrays, whole sequence) for an implementation that
-    merges, for each rank's queries, blocks over each rank's keys by log-sum-exp in fp32.
+    merges, for each rank's queries, blocks over each rank's keys by log-sum-exp in fp32:
+    lse' = logaddexp(lse_acc, lse_b) = max + log1p(e^{-|lse_acc - lse_b|}), and the two sides
+    weighted by e^{lse_acc - lse'} and e^{lse_b - lse'}.
 
     Block j of a row (keys of one rank; causal: earlier ranks' whole chunks and its own
     diagonal chunk) has exact (o_j, lse_j), computed within a_o_j, a_lse_j
     (``rules.attention`` for that block alone). The exact merge is lse = LSE_j lse_j and
-    o = sum_j w_j o_j, w_j = e^{lse_j - lse}.
+    o = sum_j w_j o_j, w_j = e^{lse_j - lse} (formed from the scores: _block_log_weights).
     - lse: LSE is monotone and shifts with its arguments, so errors d_j in the lse_j move
-      it by at most L = max_j a_lse_j (exact, not first order); the fp32 merge adds, per
-      merge step, the rounding of logaddexp and of the exponents' differences:
-      u32 (|lse'| + |lse_acc - lse'| + |lse_b - lse'| + 2 EXP_ULPS + 1) <= u32 (5 m + 2 EXP_ULPS + 1),
-      m = max(|lse|, |lse_j|); over W steps, with SAFETY: M.
-    - weights: w'_j = e^{lse'_j - lse'}, so |log(w'_j / w_j)| <= E_j = a_lse_j + L + 2 M (the
-      computed weight's own exponent rounding is inside the second M).
+      it by at most L = max_j a_lse_j (exact, not first order).
+    - the merge's own rounding, per step: the sum max + t (t = log1p(...) in [0, ln 2])
+      rounds to within min(u32 |lse'|, t) of max + t (max itself is a candidate), at most
+      min(u32 m, ln 2) with m = max(|lse|, |lse_j|) bounding every partial lse; t's exp and
+      log1p add 2 EXP_ULPS u32 (t <= ln 2 < 1) and |lse_acc - lse_b|'s rounding moves t by
+      at most u32 (d/dx log1p(e^{-x}) <= 1, and x e^{-x} < 1). An error in lse' scales both
+      weights of the step alike. Over W steps, with SAFETY:
+      M = SAFETY W (min(u32 m, ln 2) + u32 (1 + 2 EXP_ULPS)).
+      The exponent lse_x - lse' of the smaller side, of size x, rounds by u32 x; its weight
+      e^{-x} moves by at most u32 x e^{-x} < u32: an absolute SAFETY W u32 per weight.
+    - weights: the computed w'_j is within w_j e^{+-E_j}, E_j = a_lse_j + L + 2 M, plus the
+      absolute part; and w'_j <= 1 whatever the errors (a product of per-step weights, each
+      e^{x - lse'} with lse' >= x: a rounded max + t, t >= 0, is never below max).
     - o: o' - o = sum_j w'_j e_j + sum_j (w'_j - w_j)(o_j - o) + o (sum_j w'_j - 1), with
-      |e_j| <= a_o_j, |w'_j - w_j| <= w_j expm1(E_j) and |sum_j w'_j - 1| <= expm1(2 M) (the
-      w'_j are exp(lse'_j - LSE(lse'_j)) up to the merge's rounding, and those sum to 1); the
-      fp32 products and sums of the merge, 3 roundings a step, SAFETY 3 W u32 sum_j w_j |o_j|;
-      the final store in the input dtype, p.store |o| + p.floor. Where E_j is of order 1 or
-      more (scores near the dtype's range) the first part is capped by |o'| + |o| <=
-      min(e^{2 M}, W) max_j (|o_j| + a_o_j) + |o|, a bound whatever the weights.
+      |e_j| <= a_o_j, w'_j <= min(1, w_j e^{E_j}), |w'_j - w_j| <= min(1, w_j expm1(E_j) +
+      SAFETY W u32), |sum_j w'_j - 1| <= expm1(2 M) + SAFETY W^2 u32 (the w'_j are
+      e^{lse'_j - LSE(lse'_j)}, which sum to 1, up to the merge's rounding); the fp32
+      products and sums of the merge, 3 roundings a step, SAFETY 3 W u32 sum_j w'_j |o_j|;
+      the final store in the input dtype, p.store |o| + p.floor. All of it is capped by
+      |o' - o| <= sum_j w'_j |o'_j| + |o| <= W max_j (|o_j| + a_o_j) + |o|.
+    Where the blocks' lse tie at scores near the dtype's range (constant keys at 1e37:
+    every lse_j is the same fp32 number, their ulp 1e30) the weights are lost and so is
+    o; the allowance says so (the cap), and the one-pass rule may still hold it.
     """
     starts = _starts(chunks)
     world = len(chunks)
@@ -152,35 +166,54 @@ def merged_allowance(q, k, v, o, lse, chunks, causal: bool, scale: float, p: Pre
             a_o_j, a_lse_j = rules.attention(qb, kb, vb, o_j, lse_j, diag, scale, p)
             blocks.append((o_j, lse_j, a_o_j, a_lse_j))
         o_r, lse_r = o[..., rows, :], lse[..., rows]
-        with np.errstate(over="ignore", invalid="ignore"):
+        log_ws = _block_log_weights(q[..., rows, :], k, qa, chunks, r, causal, scale)
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             big_l = np.max([b[3] for b in blocks], axis=0)
             m = np.maximum(np.abs(lse_r), np.max([np.abs(b[1]) for b in blocks], axis=0))
-            big_m = SAFETY * world * U32 * (5 * m + 2 * EXP_ULPS + 1)
-            two_m = np.minimum(2 * big_m, 300.0)[..., None]  # clipped: the cap below holds past it
-            o_err = np.abs(o_r) * np.expm1(two_m)
+            big_m = SAFETY * world * (np.minimum(U32 * m, math.log(2)) + U32 * (1 + 2 * EXP_ULPS))
+            w_abs = SAFETY * world * U32  # the smaller side's exponent rounding, per weight
+            sum_dev = np.expm1(np.minimum(2 * big_m, 300.0))[..., None] + world * w_abs
+            o_err = np.abs(o_r) * sum_dev
             abs_sum = np.zeros_like(o_r)
-            reach = np.zeros_like(o_r)  # max_j |o_j| + a_o_j: how far any block's computed o can be
-            for o_j, lse_j, a_o_j, a_lse_j in blocks:
-                # w_j <= 1 exactly; in fp64 lse_j can pass lse by its rounding (an ulp of lse is
-                # 128 at 1e18, 1e22 at fp32's near-max scores), so clipped at 0
-                log_w = np.minimum(lse_j - lse_r, 0.0)[..., None]
+            reach = np.zeros_like(o_r)  # max_j |o_j| + a_o_j
+            for (o_j, _lse_j, a_o_j, a_lse_j), log_w in zip(blocks, log_ws):
+                log_w = log_w[..., None]
                 w = np.exp(log_w)
-                # w e^{E} in the log domain: w may underflow where e^{E} overflows; exponents
-                # clipped at 300 (the cap below then holds the allowance)
-                w_up = np.exp(np.minimum(log_w + (a_lse_j + big_l + 2 * big_m)[..., None], 300.0))
-                o_err = o_err + w_up * a_o_j + (w_up - w) * np.abs(o_j - o_r)
-                abs_sum = abs_sum + w * np.abs(o_j)
+                # w e^{E} in the log domain: w may underflow where e^{E} overflows
+                w_up = np.minimum(np.exp(np.minimum(log_w + (a_lse_j + big_l + 2 * big_m)[..., None], 300.0)), 1.0)
+                dw = np.minimum(w_up - w + w_abs, 1.0)
+                o_err = o_err + w_up * a_o_j + dw * np.abs(o_j - o_r)
+                abs_sum = abs_sum + w_up * np.abs(o_j)
                 reach = np.maximum(reach, np.abs(o_j) + a_o_j)
             rounding = SAFETY * 3 * world * U32 * abs_sum + p.store * np.abs(o_r) + p.floor
-            # where the weights' errors are large (E_j of order 1: scores near the dtype's range)
-            # the bound above explodes; |o' - o| <= |o'| + |o| <= sum_j w'_j |o'_j| + |o| holds
-            # whatever the weights are, with sum_j w'_j <= e^{2M}, and <= W: each computed
-            # weight is e^{lse'_j - lse'} <= 1, as a rounded logaddexp is never below its max
-            cap = np.minimum(np.exp(two_m), world) * reach + np.abs(o_r)
-            o_err = np.minimum(o_err + rounding, cap + rounding)
+            o_err = np.minimum(o_err, world * reach + np.abs(o_r)) + rounding
         a_o[..., rows, :] = o_err
         a_lse[..., rows] = big_l + big_m
     return a_o, a_lse
+
+
+def _block_log_weights(q_rows, k, q_start: int, chunks, rank: int, causal: bool, scale: float) -> list:
+    """log w_j, each visible block's share of the row's normaliser (the order of the blocks
+    of :func:`merged_allowance`), from the scores: log sum_{keys of j} e^{s - m_j} + m_j - m
+    - log sum_{all keys} e^{s - m}. Not lse_j - lse: at scores of 1e16 and more fp64's lse
+    loses the log of the key counts (an ulp of 2e17 is 32), and constant keys gave every
+    block weight 1 instead of its share."""
+    s = (q_rows @ np.swapaxes(k, -1, -2)) * scale
+    if causal:
+        pos = np.arange(q_start, q_start + q_rows.shape[-2])
+        s = np.where(np.arange(k.shape[-2])[None, :] > pos[:, None], -np.inf, s)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore", divide="ignore"):
+        m = np.max(s, axis=-1)
+        log_total = np.log(np.sum(np.exp(s - m[..., None]), axis=-1))
+        out = []
+        for r_s, (ka, nk) in enumerate(zip(_starts(chunks), chunks)):
+            if causal and r_s > rank:
+                continue
+            part = s[..., ka:ka + nk]
+            m_j = np.max(part, axis=-1)
+            log_part = np.log(np.sum(np.exp(part - m_j[..., None]), axis=-1))
+            out.append(np.minimum(log_part + (m_j - m) - log_total, 0.0))  # a share: <= 1
+    return out
 
 
 def precision_of(fn, dtype: torch.dtype) -> Precision:
@@ -224,11 +257,74 @@ def matches_reference(case: Case, target: str, world: int) -> None:
     a_o, a_lse = rules.attention(q, k, v, o_ref, lse_ref, causal, scale, p)
     m_o, m_lse = merged_allowance(q, k, v, o_ref, lse_ref, case.params["chunks"], causal, scale, p)
     what = f"does not match the fp64 reference (sequence split {list(case.params['chunks'])} over {world} ranks)"
-    assert_close("o", o, o_ref, np.maximum(a_o, m_o), dtype=getattr(torch, case.dtype), record=False, what=what)
-    assert_close("lse", lse, lse_ref, np.maximum(a_lse, m_lse), dtype=torch.float32, record=False, what=what)
+    assert_close("o", o, o_ref, np.maximum(a_o, m_o), dtype=getattr(torch, case.dtype), what=what)
+    assert_close("lse", lse, lse_ref, np.maximum(a_lse, m_lse), dtype=torch.float32, what=what)
 
 
 CHECKS = {"matches_reference": matches_reference}
+
+
+# ------------------------------------------------------------------------------ report
+
+@dataclasses.dataclass(frozen=True)
+class _Named:
+    name: str
+    target: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportTarget:
+    """What the tolerance report's collector (properties/report.py) reads of a
+    ``harness.Target``, for a context-parallel check: its rows, example counts and
+    timings go into the same report.json, under op ``cp_attention``."""
+
+    impl: _Named
+    dtype: torch.dtype
+    check: _Named
+    op: _Named = _Named(OP)
+
+    @property
+    def id(self) -> str:
+        return f"{OP}-{self.impl.name}-{str(self.dtype).replace('torch.', '')}-{self.check.name}"
+
+
+def report_target(target: str, dtype: torch.dtype, check: str) -> ReportTarget:
+    return ReportTarget(_Named(target.rpartition(":")[2], target), dtype, _Named(check))
+
+
+@contextlib.contextmanager
+def reported(report_target_: ReportTarget, case: Case):
+    """Record the comparisons made inside (and the example's time) for the tolerance report,
+    when the run collects one (conftest.py sets the collector)."""
+    from properties import harness
+    collector = harness._collector
+    sink = collector.sink(report_target_, case) if collector is not None else None
+    start = time.perf_counter()
+    try:
+        with recording(sink) if sink is not None else contextlib.nullcontext():
+            yield
+    finally:
+        if collector is not None:
+            collector.count(report_target_, seconds=time.perf_counter() - start)
+
+
+def vacuity_failure(report_target_: ReportTarget) -> str | None:
+    """The suite's vacuity policy (``harness.vacuity_failure``) for a context-parallel test:
+    when more than half of the examples that compared an output were mostly vacuous for
+    it (the allowance reached |expected| in most elements), the test has not shown that
+    the output is right, and fails."""
+    from properties import harness
+    if harness._collector is None:
+        return None
+    problems = [f"output {output!r}: {vacuous} of {examples} examples were vacuous (the allowance of "
+                f"properties.context_parallel.matches_reference reached |expected| in most elements)"
+                for output, (examples, vacuous) in sorted(harness._collector.vacuity.get(report_target_.id,
+                                                                                          {}).items())
+                if 2 * vacuous > examples]
+    if not problems:
+        return None
+    return (f"{report_target_.id}: every example passed, but the check could not have failed in most of them:\n  "
+            + "\n  ".join(problems))
 
 
 def skip_reason(target: str, dtype: torch.dtype) -> str | None:

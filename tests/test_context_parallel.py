@@ -27,15 +27,26 @@ def _skip_if_not_runnable(target, dtype):
 @pytest.mark.parametrize("impl", [pytest.param(t, id=n) for n, t in cp.implementations()])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("check", sorted(cp.CHECKS))
-@given(data=st.data())
-def test_cp_check(impl, dtype, check, data):
+def test_cp_check(impl, dtype, check):
+    """The check on the run's examples (the Hypothesis profile's count), recorded in the
+    tolerance report; then the suite's vacuity policy on what was recorded."""
     _skip_if_not_runnable(impl, dtype)
-    case = data.draw(cp.cp_cases(dtype, SETTINGS.world_size), label="case")
-    try:
-        cp.CHECKS[check](case, impl, SETTINGS.world_size)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n\n{check} failed for {impl} on {SETTINGS.world_size} ranks on:\n"
-                             f"{case.describe()}") from None
+    report_as = cp.report_target(impl, dtype, check)
+
+    @given(data=st.data())
+    def examples(data):
+        case = data.draw(cp.cp_cases(dtype, SETTINGS.world_size), label="case")
+        try:
+            with cp.reported(report_as, case):
+                cp.CHECKS[check](case, impl, SETTINGS.world_size)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n\n{check} failed for {impl} on {SETTINGS.world_size} ranks on:\n"
+                                 f"{case.describe()}") from None
+
+    examples()
+    problem = cp.vacuity_failure(report_as)
+    if problem:
+        pytest.fail(problem, pytrace=False)
 
 
 @pytest.mark.parametrize("mutant,check", [pytest.param(m, c, id=f"{m.name}-{c}")
