@@ -49,9 +49,10 @@ def test_cp_check(impl, dtype, check):
         pytest.fail(problem, pytrace=False)
 
 
-@pytest.mark.parametrize("mutant,check", [pytest.param(m, c, id=f"{m.name}-{c}")
+# named like tests/test_selfcheck.py's, so that the run's kill rate and time to kill count these
+@pytest.mark.parametrize("mutant,check", [pytest.param(m, c, id=f"{cp.OP}.{m.name}-{c}")
                                           for m in cp_mutants.MUTANTS for c in m.kills])
-def test_cp_mutant_killed(mutant, check):
+def test_mutant_killed(mutant, check):
     """Killed by the numbers, hunted on chunks of equal length: with chunks of different
     lengths two of the mutants run a causal diagonal call on a block that is not square,
     which the project kernel refuses; that fails the check too, but not through the bug's
