@@ -111,7 +111,7 @@ class RankPool:
             for p in self._procs:
                 p.start()
         except BaseException:
-            self.close()
+            self.close(graceful=False)
             raise
         self._collect(0, START_TIMEOUT_S, "start")
 
@@ -126,7 +126,7 @@ class RankPool:
                 dead = [(r, p.exitcode) for r, p in enumerate(self._procs) if not p.is_alive()]
                 if dead or time.monotonic() > deadline:
                     waiting = [r for r, g in enumerate(got) if g is None]
-                    self.close()
+                    self.close(graceful=False)
                     if dead:
                         raise RankFailure(f"{what}: rank(s) {[r for r, _ in dead]} of {self.world_size} died "
                                           f"(exit codes {[c for _, c in dead]})") from None
@@ -138,7 +138,7 @@ class RankPool:
                 got[rank] = message
         errors = [(r, m) for r, m in enumerate(got) if m[0] == "error"]
         if errors:
-            self.close()
+            self.close(graceful=False)
             r, (_, text, trace) = errors[0]
             raise RankFailure(f"{what}: rank {r} of {self.world_size} raised {text}"
                               + (f" (and ranks {[e[0] for e in errors[1:]]})" if len(errors) > 1 else "")
@@ -158,21 +158,26 @@ class RankPool:
             self._tasks[r].put((self._seq, target, _dumps(args)))
         return [_loads(m[1]) for m in self._collect(self._seq, timeout, f"{target} on {self.world_size} ranks")]
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
+        """Stop the ranks: ask them to leave the group (``graceful``), or kill them at once
+        (after a failure: a rank may be stuck in a send no one will receive)."""
         if not self._procs:
             return
-        for t in self._tasks:
-            try:
-                t.put(None)
-            except (OSError, ValueError):
-                pass
-        for p in self._procs:
-            if p.pid is None:  # the start failed before this one was started
-                continue
-            p.join(2)
+        started = [p for p in self._procs if p.pid is not None]  # a failed start leaves some unstarted
+        if graceful:
+            for t in self._tasks:
+                try:
+                    t.put(None)
+                except (OSError, ValueError):
+                    pass
+            deadline = time.monotonic() + 5
+            for p in started:
+                p.join(max(0.0, deadline - time.monotonic()))
+        for p in started:
             if p.is_alive():
                 p.kill()
-                p.join(2)
+        for p in started:
+            p.join(5)
         self._procs = []
         shutil.rmtree(self._dir, ignore_errors=True)
 

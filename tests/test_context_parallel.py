@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from kernels import context_parallel as ring
 from mutants import context_parallel as cp_mutants
+from properties import backend, rank_pool
 from properties import context_parallel as cp
 from properties.context_parallel import SETTINGS
 
@@ -118,3 +119,22 @@ def test_bad_input_names_the_argument(args, kwargs, error, name):
     assert not dist.is_initialized()  # the checks run on spawned ranks, never in the pytest process
     with pytest.raises(error, match=name):
         ring.cp_attention(*args, **kwargs)
+
+
+@pytest.mark.skipif(backend.current() == "cuda" and torch.cuda.device_count() < 2,
+                    reason="cuda: 2 NCCL ranks need 2 GPUs")
+def test_rank_pool_reports_a_failed_rank_and_starts_afresh():
+    pool = rank_pool.RankPool(2, backend.current())
+    args = [((torch.full((2,), float(r)),), {}) for r in range(2)]
+    try:
+        with pytest.raises(rank_pool.RankFailure, match="rank 1 of 2 raised RuntimeError: planted failure on rank 1"):
+            pool.call("tests.rank_helpers:raises_on_rank_1", args)
+        assert not pool.started  # torn down: the group's state after a failure is unknown
+        outs = pool.call("tests.rank_helpers:summed_over_ranks", args)
+        assert [out[0].tolist() for out in outs] == [[1.0, 1.0], [1.0, 1.0]]
+        with pytest.raises(rank_pool.RankFailure, match=r"rank\(s\) \[0\] of 2 did not answer in 2 s"):
+            pool.call("tests.rank_helpers:hangs_on_rank_0", args, timeout=2)
+        assert not pool.started
+    finally:
+        pool.close()
+
