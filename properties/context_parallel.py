@@ -48,8 +48,8 @@ from properties.tolerance import EXP_ULPS, SAFETY, U32, Precision
 from references import attention as ref
 
 OP = "cp_attention"
-SIGNATURE = "cp_attention(q_local, k_local, v_local, causal=False, sm_scale=None, group=None) -> (o_local, lse_local)"
 KERNEL = "kernels.context_parallel:cp_attention"
+DTYPES = FLOAT_DTYPES  # attention's
 CONTROLS = ("controls.context_parallel:all_gather_torch",)
 DEFAULT_WORLD_SIZE = 2  # what CPU CI runs (two gloo processes); --cp-world-size to change
 HUNT_EXAMPLES = 100  # a mutant must die within this many examples per dtype
@@ -364,6 +364,3 @@ def hunt(target: str, check: str, dtype: torch.dtype, examples: int, world: int,
     except AssertionError as exc:
         return str(exc)
     return None
-
-
-DTYPES = FLOAT_DTYPES
