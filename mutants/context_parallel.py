@@ -29,11 +29,12 @@ blocks_merged_in_wrong_order = mutant(
         "computing). Triggers with causal=True on any split: rank 0 drops its diagonal "
         "block, rank 1 sees its future keys. Harmless without causal masking.",
     attr="cp_attention",
-    kills=("matches_reference",),
+    kills=("matches_reference", "causal_rows_unchanged"),
 )
 
 # The merge forgets to rescale the accumulator by e^{lse_acc - lse_new} when a new block
-# comes in: the old blocks keep their full weight while the new one gets its share.
+# comes in: the old blocks keep their full weight while the new one gets its share. Not
+# killed by causal_rows_unchanged: each row still reads only the keys it may see.
 merge_accumulator_not_rescaled = mutant(
     "cp_attention", _ring,
     [("o_acc = o_acc * torch.exp(lse_acc - lse_new)[..., None] \\",
@@ -62,7 +63,7 @@ causal_mask_local_positions = mutant(
         "Triggers with causal=True on 2 or more ranks: earlier ranks' keys are partly "
         "masked, later ranks' keys partly visible.",
     attr="cp_attention",
-    kills=("matches_reference",),
+    kills=("matches_reference", "causal_rows_unchanged"),
 )
 
 MUTANTS = (blocks_merged_in_wrong_order, merge_accumulator_not_rescaled, causal_mask_local_positions)

@@ -42,7 +42,7 @@ from hypothesis import strategies as st
 from properties import attention_tolerance as rules
 from properties import backend, rank_pool, registry, tolerance
 from properties.attention import attention_cases
-from properties.oracle import assert_close, recording
+from properties.oracle import assert_close, assert_identical, recording
 from properties.strategies import FLOAT_DTYPES, Case
 from properties.tolerance import EXP_ULPS, SAFETY, U32, Precision
 from references import attention as ref
@@ -87,13 +87,14 @@ def even_chunks(n: int, world: int) -> tuple[int, ...]:
 
 
 @st.composite
-def cp_cases(draw, dtype: torch.dtype, world: int, equal_only: bool = False) -> Case:
-    """An attention case with Nq == Nk >= world (one sequence, q, k and v split alike),
-    causal or not, and the rows per rank: the even split (first, so failures shrink to
-    it) or cut at drawn points (each rank at least one row); ``equal_only``: chunks of equal
-    length (N a multiple of W; other draws are discarded)."""
-    case = draw(attention_cases(dtype, causal=True, min_n=world))
-    causal = draw(st.booleans())
+def cp_cases(draw, dtype: torch.dtype, world: int, equal_only: bool = False, causal: bool | None = None,
+             min_n: int = 1) -> Case:
+    """An attention case with Nq == Nk >= max(world, min_n) (one sequence, q, k and v split
+    alike), causal or not (None: drawn), and the rows per rank: the even split (first, so
+    failures shrink to it) or cut at drawn points (each rank at least one row);
+    ``equal_only``: chunks of equal length (N a multiple of W; other draws are discarded)."""
+    case = draw(attention_cases(dtype, causal=True, min_n=max(world, min_n)))
+    causal = draw(st.booleans()) if causal is None else causal
     n = case.tensors["q"].shape[2]
     chunks = even_chunks(n, world)
     assume(not equal_only or n % world == 0)
@@ -261,7 +262,31 @@ def matches_reference(case: Case, target: str, world: int) -> None:
     assert_close("lse", lse, lse_ref, np.maximum(a_lse, m_lse), dtype=torch.float32, what=what)
 
 
-CHECKS = {"matches_reference": matches_reference}
+def causal_rows_unchanged(case: Case, target: str, world: int) -> None:
+    """Causal: giving the keys and values at positions j > i fresh values leaves rows 0..i of
+    o and lse bitwise unchanged, whichever ranks hold them (a query sees no future key, on
+    its own rank or a later one). Exact: a correct implementation never reads them, and
+    no allowance can be vacuous here."""
+    values, o, lse = run_ranks(case, target, world)
+    n = values["q"].shape[2]
+    i = case.tensors["k"].seed % (n - 1)
+    changed = dict(values)
+    for name in ("k", "v"):
+        spec = case.tensors[name]
+        fresh = dataclasses.replace(spec, seed=(spec.seed + 1) % 2**32, injections=()).materialise("cpu")
+        new = values[name].clone()
+        new[..., i + 1:, :] = fresh[..., i + 1:, :]
+        changed[name] = new
+    _, o2, lse2 = run_ranks(case, target, world, changed)
+    what = (f"changing keys/values j > {i} changed causal output rows <= {i} (sequence split "
+            f"{list(case.params['chunks'])} over {world} ranks)")
+    assert_identical("o", o[..., :i + 1, :], o2[..., :i + 1, :], what)
+    assert_identical("lse", lse[..., :i + 1], lse2[..., :i + 1], what)
+
+
+# name -> (check, the cases it needs: cp_cases' keyword arguments)
+CHECKS = {"matches_reference": (matches_reference, {}),
+          "causal_rows_unchanged": (causal_rows_unchanged, {"causal": True, "min_n": 2})}
 
 
 # ------------------------------------------------------------------------------ report
@@ -346,21 +371,23 @@ def skip_reason(target: str, dtype: torch.dtype) -> str | None:
 def hunt(target: str, check: str, dtype: torch.dtype, examples: int, world: int,
          base_seed: int = HUNT_SEED, equal_only: bool = False) -> str | None:
     """Run ``check`` on ``target`` for up to ``examples`` cases (no shrinking: a verdict, not a
-    minimal case); the first failure's text, or None when every example passed."""
-    run = CHECKS[check]
+    minimal case); the first failure (``ExceptionType: text``), or None when every example
+    passed: ``RankFailure`` when a rank raised, died or hung, ``AssertionError`` when the
+    gathered outputs were wrong."""
+    run, fixed = CHECKS[check]
 
     @seed(zlib.crc32(f"{base_seed}:{target}:{check}:{dtype}:{world}:{equal_only}".encode()))
     @settings(max_examples=examples, derandomize=False, database=None, deadline=None, print_blob=False,
               phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
-    @given(case=cp_cases(dtype, world, equal_only))
+    @given(case=cp_cases(dtype, world, equal_only, **fixed))
     def search(case):
         try:
             run(case, target, world)
         except AssertionError as exc:
-            raise AssertionError(f"{exc}\non:\n{case.describe()}") from None
+            raise type(exc)(f"{exc}\non:\n{case.describe()}") from None
 
     try:
         search()
     except AssertionError as exc:
-        return str(exc)
+        return f"{type(exc).__name__}: {exc}"
     return None
