@@ -17,7 +17,9 @@ The check launches W processes (``properties/rank_pool.py``: gloo on CPU, NCCL o
 rank r on GPU r), draws cases (attention's strategy with Nq == Nk, causal or not, the
 sequence split evenly or at drawn cut points), hands each rank its chunks, runs the
 implementation on every rank, gathers o and lse, and compares them with
-``references.attention.attention`` on the whole sequence.
+``references.attention.attention`` on the whole sequence (``matches_reference``), and that
+causal rows do not change, bit for bit, when later keys and values do
+(``causal_rows_unchanged``).
 
 Tolerance: an implementation computes each rank's rows either in one pass over all keys
 (all-gather, then one attention call: within ``rules.attention`` of the whole problem)
