@@ -5,7 +5,11 @@
 Each (op, dtype) runs the same seeded examples twice through
 matches_reference (and gradients_match_reference where the op has gradients): the
 first pass compiles what it needs, the second finds every kernel compiled, so
-compile time = pass 1 - pass 2 and the warm rate is examples / pass 2.
+compile time = pass 1 - pass 2 and the warm rate is examples / pass 2. The warm pass's
+time is split by phase (``properties/phases.py``): inputs (materialising the drawn cases),
+kernel (the implementation, forward and backward), reference (fp64), allowance (the
+derived rules), torch (PyTorch's same-dtype baseline) and the rest (Hypothesis's drawing
+and shrinking bookkeeping, comparisons, the report's records).
 """
 from __future__ import annotations
 
@@ -41,7 +45,10 @@ def main() -> None:
     device = torch.cuda.get_device_name() if chosen == "cuda" else "CPU (Triton interpreter)"
     print(f"backend {chosen}, device {device}, size {CONFIG.size}, {args.examples} examples per row, "
           f"torch {torch.__version__}, pid {os.getpid()}")
-    print(f"{'op':<28} {'dtype':<9} {'check':<26} {'cold s':>8} {'warm s':>8} {'ex/s warm':>10} {'compile %':>9}")
+    from properties import phases
+    columns = ("inputs", "kernel", "reference", "allowance", "torch baseline")
+    print(f"{'op':<28} {'dtype':<9} {'check':<26} {'cold s':>8} {'warm s':>8} {'ex/s warm':>10} {'compile %':>9}  "
+          "warm share %: inputs kernel reference allowance torch rest")
     for name in args.op or sorted(ops):
         op = ops[name]
         impl = registry.implementations(name)[0]
@@ -51,16 +58,22 @@ def main() -> None:
                 if selfcheck.runnable(op, impl, check, dtype):
                     continue
                 times = []
-                for _ in range(2):
+                for warm_pass in (False, True):
+                    if warm_pass:
+                        phases.start()
                     start = time.perf_counter()
                     verdict = selfcheck.hunt(op, impl, check, dtype, args.examples)
                     if chosen == "cuda":
                         torch.cuda.synchronize()
                     times.append(time.perf_counter() - start)
                 cold, warm = times
+                spent = phases.stop()
+                shares = [100 * spent.get(c, 0.0) / warm for c in columns]
+                shares.append(max(0.0, 100 - sum(shares)))
                 flag = "  FAILED" if verdict.failed else ""
                 print(f"{name:<28} {str(dtype)[6:]:<9} {check.name:<26} {cold:8.2f} {warm:8.2f} "
-                      f"{args.examples / warm:10.1f} {100 * max(cold - warm, 0) / cold:8.0f}%{flag}", flush=True)
+                      f"{args.examples / warm:10.1f} {100 * max(cold - warm, 0) / cold:8.0f}%  "
+                      + " ".join(f"{x:.0f}" for x in shares) + flag, flush=True)
 
 
 if __name__ == "__main__":
