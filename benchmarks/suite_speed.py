@@ -8,8 +8,9 @@ first pass compiles what it needs, the second finds every kernel compiled, so
 compile time = pass 1 - pass 2 and the warm rate is examples / pass 2. The warm pass's
 time is split by phase (``properties/phases.py``): inputs (materialising the drawn cases),
 kernel (the implementation, forward and backward), reference (fp64), allowance (the
-derived rules), torch (PyTorch's same-dtype baseline) and the rest (Hypothesis's drawing
-and shrinking bookkeeping, comparisons, the report's records).
+derived rules), torch (PyTorch's same-dtype baseline), compare (errors, ULPs, vacuity
+and the report's records of each output) and the rest (Hypothesis's drawing and
+bookkeeping; the whole of an op's own checks, which are not split).
 """
 from __future__ import annotations
 
@@ -46,9 +47,9 @@ def main() -> None:
     print(f"backend {chosen}, device {device}, size {CONFIG.size}, {args.examples} examples per row, "
           f"torch {torch.__version__}, pid {os.getpid()}")
     from properties import phases
-    columns = ("inputs", "kernel", "reference", "allowance", "torch baseline")
+    columns = ("inputs", "kernel", "reference", "allowance", "torch baseline", "compare")
     print(f"{'op':<28} {'dtype':<9} {'check':<26} {'cold s':>8} {'warm s':>8} {'ex/s warm':>10} {'compile %':>9}  "
-          "warm share %: inputs kernel reference allowance torch rest")
+          "warm share %: inputs kernel reference allowance torch compare rest")
     for name in args.op or sorted(ops):
         op = ops[name]
         impl = registry.implementations(name)[0]

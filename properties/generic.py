@@ -64,10 +64,11 @@ def matches_reference(case: Case, impl: Implementation) -> None:
         allowed = op.tolerance(case, inputs64, expected, precision(impl, case))
     with timed("torch baseline"):
         baseline = parity.baseline_errors(op.name, getattr(torch, case.dtype), case, values, outs, expected)
-    for name in op.outputs:
-        parity.assert_close(name, outs[name], expected[name], allowed[name], baseline[name],
-                            dtype=op.output_dtypes.get(name, getattr(torch, case.dtype)),
-                            computed_in=getattr(torch, case.dtype), rule=rule_name(op.tolerance))
+    with timed("compare"):
+        for name in op.outputs:
+            parity.assert_close(name, outs[name], expected[name], allowed[name], baseline[name],
+                                dtype=op.output_dtypes.get(name, getattr(torch, case.dtype)),
+                                computed_in=getattr(torch, case.dtype), rule=rule_name(op.tolerance))
 
 
 def with_upstream(op: OpSpec, dtype: torch.dtype) -> st.SearchStrategy[Case]:
@@ -152,8 +153,9 @@ def gradients_match_reference(case: Case, impl: Implementation, in_domain=None, 
     for name in op.grad_inputs:
         if grads[name].dtype != values[name].dtype:
             raise AssertionError(f"gradient of {name!r} has dtype {grads[name].dtype}, input has {values[name].dtype}")
-        parity.assert_close(f"d{name}", grads[name], np_grads[name], allowed[f"d{name}"], baseline[f"d{name}"],
-                            dtype=values[name].dtype, rule=rule_name(op.grad_tolerance))
+        with timed("compare"):
+            parity.assert_close(f"d{name}", grads[name], np_grads[name], allowed[f"d{name}"], baseline[f"d{name}"],
+                                dtype=values[name].dtype, rule=rule_name(op.grad_tolerance))
 
 
 def _autograd_reference(op: OpSpec, case: Case, values: dict[str, Any]):
