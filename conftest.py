@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, settings
 from hypothesis.errors import InvalidArgument
 
-from properties import backend
+from properties import backend, devices
 from properties.config import CONFIG, PROFILE_SIZES
 
 # Each suppressed health check with its reason; the others stay on.
@@ -74,6 +74,9 @@ def pytest_addoption(parser):
                     help="tuned (default): autotuned kernels autotune as they do; an index I: every kernel an "
                          "implementation declares in fn.autotuned runs its config I (modulo its count) only, one "
                          "compilation per new size instead of a sweep (benchmarks/autotune_sweep.py checks each config)")
+    group.addoption("--cp-world-size", type=int, default=None, metavar="W",
+                    help="ranks (processes; on CUDA one GPU each) for the context-parallel attention checks "
+                         "(tests/test_context_parallel.py; gloo on CPU, NCCL on GPUs); default 2")
     group.addoption("--tolerance", choices=("derived", "parity"), default="derived",
                     help="derived (default): fail past the derived allowance; parity: fail only past both it and "
                          "2x plain PyTorch's error in the input dtype on the same input (properties/parity.py)")
@@ -123,6 +126,9 @@ def pytest_configure(config):
         chosen = backend.select(config.getoption("--backend"))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    # One GPU per xdist worker (gw<i> -> GPU i % G), before anything (a --impl module at
+    # import, below) can make a tensor on CUDA's default device
+    devices.select_worker_gpu(config.workerinput["workerid"] if _is_worker(config) else None, chosen)
     profile = config.getoption("hypothesis_profile", None) or ("gpu" if chosen == "cuda" else "ci")
     settings.load_profile(profile)
     if config.getoption("--max-examples"):
@@ -147,14 +153,22 @@ def pytest_configure(config):
         for name, dtype in zip(config.getoption("--dtype"), CONFIG.dtypes or ()):
             if dtype not in FLOAT_DTYPES:
                 raise ValueError(f"--dtype {name}: the contract's dtypes are float32, float16 and bfloat16")
-        from properties import registry
-        unknown = set(CONFIG.ops or ()) - set(registry.load())
+        from properties import context_parallel, registry
+        unknown = set(CONFIG.ops or ()) - set(registry.load()) - {context_parallel.OP}
         if unknown:
-            raise ValueError(f"--op {', '.join(sorted(unknown))}: unknown; known ops: {', '.join(sorted(registry.OPS))}")
+            raise ValueError(f"--op {', '.join(sorted(unknown))}: unknown; known ops: "
+                             f"{', '.join(sorted([*registry.OPS, context_parallel.OP]))}")
+        world = config.getoption("--cp-world-size")
+        if world is not None and world < 1:
+            raise ValueError(f"--cp-world-size {world}: must be at least 1")
+        context_parallel.SETTINGS.world_size = world or context_parallel.DEFAULT_WORLD_SIZE
         for spec in config.getoption("--impl"):
             op, sep, target = spec.partition("=")
             if not sep:
                 raise ValueError(f"--impl {spec!r}: expected OP=package.module:function")
+            if op.strip() == context_parallel.OP:  # distributed: run on ranks, not in the registry's tests
+                context_parallel.register_implementation(target.strip())
+                continue
             registry.register_implementation(op.strip(), target.strip())
         if registry._user_impls and CONFIG.ops and not set(CONFIG.ops) & set(registry._user_impls):
             raise ValueError(f"--op {', '.join(CONFIG.ops)} selects none of the ops given with --impl "
@@ -173,12 +187,28 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
+def _checks_user_impl(nodeid: str, registry_impls: bool, cp_impls: bool) -> bool:
+    """Whether a test checks an implementation given with --impl: the registry's ops run in
+    tests/test_checks.py, context-parallel attention in test_cp_check."""
+    return (registry_impls and nodeid.startswith("tests/test_checks.py")) or \
+        (cp_impls and nodeid.startswith("tests/test_context_parallel.py::test_cp_check"))
+
+
 def pytest_collection_modifyitems(config, items):
     """With --impl, run only the checks of the user's implementation: the suite's own
     kernel tests and self-tests are about the suite, not about the user's kernel."""
-    from properties import registry
-    if registry._user_impls:
-        keep = [i for i in items if i.nodeid.startswith("tests/test_checks.py")]
+    from properties import context_parallel, registry
+    # --op and --dtype narrow the context-parallel checks as they narrow tests/test_checks.py
+    narrowed = [i for i in items if (i.nodeid.startswith("tests/test_context_parallel.py::test_cp_check")
+                and ((CONFIG.ops and context_parallel.OP not in CONFIG.ops)
+                     or (CONFIG.dtypes and i.callspec.params["dtype"] not in CONFIG.dtypes)))
+                or (i.nodeid.startswith("tests/test_checks.py") and CONFIG.ops == (context_parallel.OP,))]
+    if narrowed:
+        config.hook.pytest_deselected(items=narrowed)
+        items[:] = [i for i in items if i not in narrowed]
+    registry_impls, cp_impls = bool(registry._user_impls), bool(context_parallel.SETTINGS.user_targets)
+    if registry_impls or cp_impls:
+        keep = [i for i in items if _checks_user_impl(i.nodeid, registry_impls, cp_impls)]
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
 
@@ -190,7 +220,7 @@ def pytest_runtest_logreport(report):
     if "test_mutant_killed" in report.nodeid and report.when == "call":
         # the call's duration is the time to kill: the hunt in each dtype until one fails
         state["kills"].append((report.nodeid.partition("[")[2].rstrip("]"), report.passed, report.duration))
-    if "test_checks.py" not in report.nodeid:
+    if "test_checks.py" not in report.nodeid and "test_context_parallel.py::test_cp_check" not in report.nodeid:
         return
     if report.when == "call" or (report.when == "setup" and report.skipped):
         if report.skipped:
@@ -278,7 +308,7 @@ def pytest_sessionfinish(session, exitstatus):
     config = session.config
     state = config._tritoncheck
     name = config.workerinput["workerid"] if _is_worker(config) else "main"
-    harness._collector.dump(CONFIG.report_dir / "parts", name)
+    harness._collector.dump(CONFIG.report_dir / "parts", name, gpu=devices.current_gpu(state["backend"]))
     if _is_worker(config):
         return
     device = torch.cuda.get_device_name() if state["backend"] == "cuda" else "cpu (Triton interpreter)"
@@ -289,8 +319,9 @@ def pytest_sessionfinish(session, exitstatus):
     data = report.build(CONFIG.report_dir, state["skipped"], meta, limits=_declared_limits())
     report.write(CONFIG.report_dir, data)
     state["report"] = data
-    from properties import registry
-    if registry._user_impls and state["counted"] == 0 and exitstatus in (0, 5):
+    from properties import context_parallel, registry
+    user_impls = registry._user_impls or context_parallel.SETTINGS.user_targets
+    if user_impls and state["counted"] == 0 and exitstatus in (0, 5):
         # Every check of the user's implementation was skipped: nothing was verified.
         state["nothing_checked"] = True
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -345,6 +376,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     timing = report.timing_line(state["report"])
     if timing:
         tr.write_line(timing)
+    gpus = report.gpu_line(state["report"])
+    if gpus:
+        tr.write_line(gpus)
     statistical = report.statistical_line(state["report"])
     if statistical:
         tr.write_line(statistical)

@@ -67,11 +67,13 @@ class Collector:
             })
         return record
 
-    def dump(self, folder: Path, name: str) -> None:
+    def dump(self, folder: Path, name: str, gpu: int | None = None) -> None:
+        """Write this process's rows; ``gpu``: the CUDA device index its tests ran on
+        (properties/devices.py: one GPU per xdist worker), None off CUDA."""
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{name}.json").write_text(json.dumps({"rows": self.rows, "examples": self.examples,
                                                            "invalid": self.invalid, "refused": self.refused,
-                                                           "seconds": self.seconds}))
+                                                           "seconds": self.seconds, "gpu": gpu}))
 
 
 def _finite(values):
@@ -148,7 +150,7 @@ def _parity_summary(rows: list[dict]) -> dict:
 
 
 def merge(folder: Path) -> dict:
-    rows, examples, invalid, seconds = [], defaultdict(int), defaultdict(int), {}
+    rows, examples, invalid, seconds, gpu = [], defaultdict(int), defaultdict(int), {}, {}
     refused: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for part in sorted((folder / "parts").glob("*.json")):
         data = json.loads(part.read_text())
@@ -161,8 +163,10 @@ def merge(folder: Path) -> dict:
             for msg, n in messages.items():
                 refused[k][msg] += n
         seconds.update(data.get("seconds", {}))  # a test runs in one process: its durations are in one part
+        if data.get("gpu") is not None:  # the process's GPU ran every test of its part
+            gpu.update({test: data["gpu"] for test in data["examples"]})
     return {"rows": rows, "examples": dict(examples), "invalid": dict(invalid),
-            "refused": {k: dict(v) for k, v in refused.items()}, "seconds": seconds}
+            "refused": {k: dict(v) for k, v in refused.items()}, "seconds": seconds, "gpu": gpu}
 
 
 def timings(seconds: dict[str, list[float]]) -> dict[str, dict]:
@@ -198,6 +202,18 @@ def statistical(examples: dict[str, int], invalid: dict[str, int]) -> dict:
     return {"tests": tests, "run_bound": sum(t["bound"] for t in tests.values()), "rounding": ROUNDING_NOTE}
 
 
+def gpu_line(report: dict) -> str:
+    """How many tests each GPU ran (empty off CUDA): a run with ``-n N`` on G GPUs spreads
+    its workers over all of them (properties/devices.py)."""
+    per_test = report.get("gpu_per_test") or {}
+    if not per_test:
+        return ""
+    counts = defaultdict(int)
+    for index in per_test.values():
+        counts[index] += 1
+    return "tests per GPU: " + ", ".join(f"cuda:{i} {n}" for i, n in sorted(counts.items()))
+
+
 def statistical_line(report: dict) -> str:
     figures = report.get("statistical") or {}
     tests = figures.get("tests", {})
@@ -222,6 +238,7 @@ def build(folder: Path, skipped: list[dict], meta: dict, limits: dict | None = N
         "limits": limits or {},
         "vacuous_per_test": _vacuous_per_test(merged["rows"]),
         "timing_per_test": timings(merged["seconds"]),
+        "gpu_per_test": merged["gpu"],
         "statistical": statistical(merged["examples"], merged["invalid"]),
         "skipped": skipped,
     }

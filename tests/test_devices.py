@@ -1,0 +1,48 @@
+"""One GPU per xdist worker (properties/devices.py): the mapping, and the report's record of it."""
+import pytest
+
+from properties import devices, report
+
+
+@pytest.mark.parametrize("worker_id, gpus, expected", [
+    ("gw0", 2, 0), ("gw1", 2, 1), ("gw2", 2, 0), ("gw7", 2, 1),
+    ("gw5", 8, 5), ("gw13", 8, 5), ("gw3", 3, 0),
+    ("gw4", 1, None), ("gw4", 0, None),     # one GPU or none: nothing to choose
+    (None, 4, None), ("main", 4, None),     # the controlling process, or not an xdist id
+])
+def test_worker_i_takes_gpu_i_mod_g(worker_id, gpus, expected):
+    assert devices.worker_gpu(worker_id, gpus) == expected
+
+
+def test_workers_spread_evenly_over_every_gpu():
+    for workers in range(1, 17):
+        for gpus in range(2, 9):
+            per_gpu = [0] * gpus
+            for i in range(workers):
+                per_gpu[devices.worker_gpu(f"gw{i}", gpus)] += 1
+            assert max(per_gpu) - min(per_gpu) <= 1, (workers, gpus, per_gpu)
+            assert sum(per_gpu) == workers
+
+
+@pytest.mark.parametrize("gpus", [-1, 2.0, True, "2"])
+def test_a_gpu_count_that_is_not_a_count_is_an_error(gpus):
+    with pytest.raises(ValueError, match="gpu_count"):
+        devices.worker_gpu("gw0", gpus)
+
+
+def test_off_cuda_nothing_is_selected_or_recorded():
+    assert devices.select_worker_gpu("gw1", "interpret") is None
+    assert devices.current_gpu("interpret") is None
+
+
+def test_the_report_says_which_gpu_ran_each_test(tmp_path):
+    for name, gpu, tests in (("gw0", 0, ("a-k-float16-x", "b-k-float16-x")), ("gw1", 1, ("c-k-float32-x",)),
+                             ("gw2", None, ())):
+        collector = report.Collector()
+        for test in tests:
+            collector.examples[test] += 3
+        collector.dump(tmp_path / "parts", name, gpu=gpu)
+    data = report.build(tmp_path, [], {"backend": "cuda"})
+    assert data["gpu_per_test"] == {"a-k-float16-x": 0, "b-k-float16-x": 0, "c-k-float32-x": 1}
+    assert report.gpu_line(data) == "tests per GPU: cuda:0 2, cuda:1 1"
+    assert report.gpu_line({"gpu_per_test": {}}) == ""
