@@ -70,6 +70,10 @@ def pytest_addoption(parser):
                          "a pool fixed for the run per (op, dtype, dim): the block boundaries and N other sizes; "
                          "sequence and row counts stay free (bounds compilations of autotuned kernels)")
     group.addoption("--shapes-seed", type=int, default=0, help="which N values --shapes picks")
+    group.addoption("--autotune-config", default="tuned", metavar="tuned|I",
+                    help="tuned (default): autotuned kernels autotune as they do; an index I: every kernel an "
+                         "implementation declares in fn.autotuned runs its config I (modulo its count) only, one "
+                         "compilation per new size instead of a sweep (benchmarks/autotune_sweep.py checks each config)")
     group.addoption("--cp-world-size", type=int, default=None, metavar="W",
                     help="ranks (processes; on CUDA one GPU each) for the context-parallel attention checks "
                          "(tests/test_context_parallel.py; gloo on CPU, NCCL on GPUs); default 2")
@@ -137,6 +141,10 @@ def pytest_configure(config):
     CONFIG.shapes, CONFIG.shapes_seed = config.getoption("--shapes"), config.getoption("--shapes-seed")
     if CONFIG.shapes is not None and CONFIG.shapes < 1:
         raise pytest.UsageError(f"--shapes must be at least 1, got {CONFIG.shapes}")
+    autotune = config.getoption("--autotune-config")
+    if autotune != "tuned" and not autotune.isdigit():
+        raise pytest.UsageError(f"--autotune-config must be 'tuned' or a config index >= 0, got {autotune!r}")
+    CONFIG.autotune_config = None if autotune == "tuned" else int(autotune)
     CONFIG.ops = tuple(config.getoption("--op")) or None
     CONFIG.refusals = config.getoption("--refusals")
     try:
@@ -306,7 +314,8 @@ def pytest_sessionfinish(session, exitstatus):
     device = torch.cuda.get_device_name() if state["backend"] == "cuda" else "cpu (Triton interpreter)"
     import triton
     meta = {"backend": state["backend"], "profile": state["profile"], "device": device,
-            "torch": torch.__version__, "triton": triton.__version__, "tolerance": CONFIG.tolerance}
+            "torch": torch.__version__, "triton": triton.__version__, "tolerance": CONFIG.tolerance,
+            "shapes": CONFIG.shapes, "autotune_config": CONFIG.autotune_config}
     data = report.build(CONFIG.report_dir, state["skipped"], meta, limits=_declared_limits())
     report.write(CONFIG.report_dir, data)
     state["report"] = data

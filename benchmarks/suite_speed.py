@@ -6,7 +6,12 @@
 Each (op, dtype) runs the same seeded examples twice through
 matches_reference (and gradients_match_reference where the op has gradients): the
 first pass compiles what it needs, the second finds every kernel compiled, so
-compile time = pass 1 - pass 2 and the warm rate is examples / pass 2.
+compile time = pass 1 - pass 2 and the warm rate is examples / pass 2. The warm pass's
+time is split by phase (``properties/phases.py``): inputs (materialising the drawn cases),
+kernel (the implementation, forward and backward), reference (fp64), allowance (the
+derived rules), torch (PyTorch's same-dtype baseline), compare (errors, ULPs, vacuity
+and the report's records of each output) and the rest (Hypothesis's drawing and
+bookkeeping; the whole of an op's own checks, which are not split).
 
 ``--workers N`` runs the rows in N spawned processes, as ``pytest -n N`` does: worker i
 on GPU i % G of the G visible GPUs (properties/devices.py), each taking the next row
@@ -50,10 +55,10 @@ def main() -> None:
     device = torch.cuda.get_device_name() if chosen == "cuda" else "CPU (Triton interpreter)"
     print(f"backend {chosen}, device {device}, size {CONFIG.size}, {args.examples} examples per row, "
           f"torch {torch.__version__}, pid {os.getpid()}")
-    print(f"{'op':<28} {'dtype':<9} {'check':<26} {'cold s':>8} {'warm s':>8} {'ex/s warm':>10} {'compile %':>9}")
+    print(HEADER)
     for name, dtype_name, check_name in rows(args.op, args.dtype):
-        cold, warm, failed = time_row(name, dtype_name, check_name, args.examples, chosen)
-        print(_line(name, dtype_name, check_name, cold, warm, args.examples, failed), flush=True)
+        cold, warm, failed, shares = time_row(name, dtype_name, check_name, args.examples, chosen)
+        print(_line(name, dtype_name, check_name, cold, warm, args.examples, failed, shares), flush=True)
 
 
 def rows(op_names, dtype_names) -> list[tuple[str, str, str]]:
@@ -70,27 +75,39 @@ def rows(op_names, dtype_names) -> list[tuple[str, str, str]]:
     return out
 
 
-def time_row(name: str, dtype_name: str, check_name: str, examples: int, chosen: str) -> tuple[float, float, bool]:
-    """Seconds of the cold and the warm pass of one row, and whether the check failed."""
+PHASES = ("inputs", "kernel", "reference", "allowance", "torch baseline", "compare")
+HEADER = (f"{'op':<28} {'dtype':<9} {'check':<26} {'cold s':>8} {'warm s':>8} {'ex/s warm':>10} {'compile %':>9}  "
+          "warm share %: inputs kernel reference allowance torch compare rest")
+
+
+def time_row(name: str, dtype_name: str, check_name: str, examples: int,
+             chosen: str) -> tuple[float, float, bool, list[float]]:
+    """Seconds of the cold and the warm pass of one row, whether the check failed, and
+    the warm pass's share per phase (PHASES, then the rest) in percent."""
     import torch
 
-    from properties import registry, selfcheck
+    from properties import phases, registry, selfcheck
     op = registry.load()[name]
     impl = registry.implementations(name)[0]
     check = next(c for c in op.checks if c.name == check_name)
     times = []
-    for _ in range(2):
+    for warm_pass in (False, True):
+        if warm_pass:
+            phases.start()
         start = time.perf_counter()
         verdict = selfcheck.hunt(op, impl, check, getattr(torch, dtype_name), examples)
         if chosen == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return times[0], times[1], verdict.failed
+    spent = phases.stop()
+    shares = [100 * spent.get(p, 0.0) / times[1] for p in PHASES]
+    return times[0], times[1], verdict.failed, shares + [max(0.0, 100 - sum(shares))]
 
 
-def _line(name, dtype_name, check_name, cold, warm, examples, failed, gpu="") -> str:
+def _line(name, dtype_name, check_name, cold, warm, examples, failed, shares, gpu="") -> str:
     return (f"{name:<28} {dtype_name:<9} {check_name:<26} {cold:8.2f} {warm:8.2f} "
-            f"{examples / warm:10.1f} {100 * max(cold - warm, 0) / cold:8.0f}%{gpu}{'  FAILED' if failed else ''}")
+            f"{examples / warm:10.1f} {100 * max(cold - warm, 0) / cold:8.0f}%  "
+            + " ".join(f"{x:.0f}" for x in shares) + f"{gpu}{'  FAILED' if failed else ''}")
 
 
 def _worker(index: int, backend_name: str, size: str, examples: int, todo, done) -> None:
@@ -106,8 +123,8 @@ def _worker(index: int, backend_name: str, size: str, examples: int, todo, done)
     CONFIG.size = size
     torch.set_num_threads(1)
     while (row := todo.get()) is not None:
-        cold, warm, failed = time_row(*row, examples, chosen)
-        done.put((row, cold, warm, failed, gpu))
+        cold, warm, failed, shares = time_row(*row, examples, chosen)
+        done.put((row, cold, warm, failed, shares, gpu))
 
 
 def run_workers(args) -> None:
@@ -123,7 +140,7 @@ def run_workers(args) -> None:
     todo_rows = rows(args.op, args.dtype)
     print(f"backend {chosen}, {gpus} GPU(s), {args.workers} workers, size {size}, {args.examples} examples per row, "
           f"{len(todo_rows)} rows, torch {torch.__version__}")
-    print(f"{'op':<28} {'dtype':<9} {'check':<26} {'cold s':>8} {'warm s':>8} {'ex/s warm':>10} {'compile %':>9} gpu")
+    print(HEADER + "  gpu")
     context = multiprocessing.get_context("spawn")
     todo, done = context.Queue(), context.Queue()
     for row in todo_rows:
@@ -139,14 +156,14 @@ def run_workers(args) -> None:
     for _ in todo_rows:
         while True:
             try:
-                row, cold, warm, failed, gpu = done.get(timeout=5)
+                row, cold, warm, failed, shares, gpu = done.get(timeout=5)
                 break
             except queue.Empty:
                 crashed = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
                 if crashed:
                     raise SystemExit(f"worker(s) {crashed} died (exit codes {[procs[i].exitcode for i in crashed]})") from None
         per_gpu[gpu] = per_gpu.get(gpu, 0) + 1
-        print(_line(*row, cold, warm, args.examples, failed, gpu=f"  {gpu}"), flush=True)
+        print(_line(*row, cold, warm, args.examples, failed, shares, gpu=f"  {gpu}"), flush=True)
     wall = time.perf_counter() - start
     for p in procs:
         p.join()

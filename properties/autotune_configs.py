@@ -10,10 +10,20 @@ kernels it launches::
 and :func:`pinned` makes one of them run a single config, so that every check can
 be run once per config (``benchmarks/autotune_sweep.py``). An Autotuner with one
 config runs it without benchmarking; the kernel's own list and cache come back on exit.
+
+The same pin bounds what an autotuned library costs a fuzz run (``--autotune-config I``,
+:func:`pinned_all`): a kernel that autotunes on a size compiles and times every config
+for each new value of that size (flash-linear-attention's ``elu_p1`` 30 configs, 18-29 s
+per new last dim on an H100), so a run of a few hundred examples spends its minutes in
+the autotuner. Pinned to config I, each new size compiles one config. The numerics are
+then those of config I only, which is why the sweep exists. A library's kernels are
+many and unexported; :func:`autotuners_in` collects them from its modules so that an
+adapter can declare ``fn.autotuned = autotuners_in("fla")``.
 """
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Callable, Iterator
 
 from triton.runtime.autotuner import Autotuner
@@ -25,11 +35,12 @@ def autotuned_kernels(fn: Callable) -> tuple[Autotuner, ...]:
     if declared is None:
         return ()
     kernels = tuple(declared) if isinstance(declared, (tuple, list)) else (declared,)
-    for k in kernels:
-        if not isinstance(k, Autotuner):
+    tuners = tuple(_autotuner_of(k) for k in kernels)  # a triton.heuristics wrapper is looked through
+    for k, tuner in zip(kernels, tuners):
+        if tuner is None:
             raise TypeError(f"{getattr(fn, '__name__', fn)}.autotuned must hold triton.autotune'd kernels, "
                             f"got a {type(k).__name__}")
-    return kernels
+    return tuners
 
 
 def name(kernel: Autotuner) -> str:
@@ -50,3 +61,47 @@ def pinned(kernel: Autotuner, config) -> Iterator[None]:
         kernel.configs = configs
         kernel.cache.clear()
         kernel.cache.update(cache)
+
+
+def _autotuner_of(obj) -> Autotuner | None:
+    """``obj`` if it is an Autotuner, or the Autotuner under ``triton.heuristics`` wrappers."""
+    for _ in range(4):  # heuristics over autotune over jit: a short chain
+        if isinstance(obj, Autotuner):
+            return obj
+        obj = getattr(obj, "fn", None)
+        if obj is None:
+            return None
+    return None
+
+
+def autotuners_in(*packages: str) -> tuple[Autotuner, ...]:
+    """Every autotuned kernel defined at module level in the imported modules of
+    ``packages`` (``"fla"`` covers ``fla.ops.utils.cumsum`` and the rest): what a
+    library's entry points launch, for ``fn.autotuned``. Import the entry points first;
+    a package with no imported module or no autotuned kernel is an error, not ()."""
+    found: dict[int, Autotuner] = {}
+    for package in packages:
+        modules = [m for name, m in list(sys.modules.items())
+                   if m is not None and (name == package or name.startswith(package + "."))]
+        if not modules:
+            raise ValueError(f"autotuners_in: no module of {package!r} is imported; import its entry points first")
+        before = len(found)
+        for module in modules:
+            for value in list(vars(module).values()):
+                tuner = _autotuner_of(value)
+                if tuner is not None:
+                    found.setdefault(id(tuner), tuner)
+        if len(found) == before:
+            raise ValueError(f"autotuners_in: the imported modules of {package!r} define no triton.autotune'd kernel")
+    return tuple(found.values())
+
+
+@contextlib.contextmanager
+def pinned_all(fn: Callable, index: int | None) -> Iterator[None]:
+    """Every autotuned kernel that ``fn`` declares runs its config ``index`` (modulo its
+    number of configs) inside the block; ``index`` None leaves them autotuning."""
+    kernels = autotuned_kernels(fn) if index is not None else ()
+    with contextlib.ExitStack() as stack:
+        for kernel in kernels:
+            stack.enter_context(pinned(kernel, kernel.configs[index % len(kernel.configs)]))
+        yield

@@ -28,6 +28,7 @@ class RunConfig:
     tolerance: str = "derived"  # --tolerance: derived | parity (properties/parity.py)
     shapes: int | None = None  # --shapes N: sizes per (op, dtype, specialised dim) (properties/shape_pool.py)
     shapes_seed: int = 0  # --shapes-seed: which N (the same in every xdist worker)
+    autotune_config: int | None = None  # --autotune-config I: declared autotuned kernels run config I only
 
     def pick(self, small, large):
         """The ``small`` or ``large`` variant of a size limit, by the run's size."""

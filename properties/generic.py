@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from properties import backend, parity, tolerance
 from properties.oracle import allowance_mostly_vacuous, assert_identical, to_numpy
+from properties.phases import timed
 from properties.registry import OPS, Check, Implementation, OpSpec
 from properties.strategies import Case, tensors
 from properties.tolerance import Precision
@@ -36,8 +37,11 @@ def rule_name(fn) -> str:
 def run(case: Case, impl: Implementation, values: Mapping[str, Any] | None = None):
     """Materialise ``case`` (unless ``values`` are given), call ``impl``, name its outputs."""
     op = OPS[case.op]
-    values = dict(values) if values is not None else case.materialise(backend.device())
-    return values, op.unpack(case.call(impl.fn, values))
+    if values is None:
+        with timed("inputs"):
+            values = case.materialise(backend.device())
+    with timed("kernel"):
+        return dict(values), op.unpack(case.call(impl.fn, values))
 
 
 def _check_output_types(op: OpSpec, case: Case, outs: Mapping[str, torch.Tensor]) -> None:
@@ -54,13 +58,17 @@ def matches_reference(case: Case, impl: Implementation) -> None:
     op = OPS[case.op]
     values, outs = run(case, impl)
     _check_output_types(op, case, outs)
-    expected, inputs64 = op.expected(case, values)
-    allowed = op.tolerance(case, inputs64, expected, precision(impl, case))
-    baseline = parity.baseline_errors(op.name, getattr(torch, case.dtype), case, values, outs, expected)
-    for name in op.outputs:
-        parity.assert_close(name, outs[name], expected[name], allowed[name], baseline[name],
-                            dtype=op.output_dtypes.get(name, getattr(torch, case.dtype)),
-                            computed_in=getattr(torch, case.dtype), rule=rule_name(op.tolerance))
+    with timed("reference"):
+        expected, inputs64 = op.expected(case, values)
+    with timed("allowance"):
+        allowed = op.tolerance(case, inputs64, expected, precision(impl, case))
+    with timed("torch baseline"):
+        baseline = parity.baseline_errors(op.name, getattr(torch, case.dtype), case, values, outs, expected)
+    with timed("compare"):
+        for name in op.outputs:
+            parity.assert_close(name, outs[name], expected[name], allowed[name], baseline[name],
+                                dtype=op.output_dtypes.get(name, getattr(torch, case.dtype)),
+                                computed_in=getattr(torch, case.dtype), rule=rule_name(op.tolerance))
 
 
 def with_upstream(op: OpSpec, dtype: torch.dtype) -> st.SearchStrategy[Case]:
@@ -121,23 +129,14 @@ def gradients_match_reference(case: Case, impl: Implementation, in_domain=None, 
     Both run after the fp64 reference and before the implementation: a rejected case
     costs no kernel call, and the fp64 autograd is computed once for both."""
     op = OPS[case.op]
-    values = case.materialise(backend.device())
-    args64 = {}
-    for name, v in values.items():
-        if isinstance(v, torch.Tensor):
-            t = v.detach().to("cpu", torch.float64 if v.dtype.is_floating_point else v.dtype)
-            args64[name] = t.requires_grad_(name in op.grad_inputs)
-        else:
-            args64[name] = v
-    outs64 = op.unpack(op.torch_reference(*(args64[a] for a in case.args)))
-    dys64 = [args64[f"d{n}"] for n in op.grad_outputs]
-    grads64 = torch.autograd.grad([outs64[n] for n in op.grad_outputs], [args64[n] for n in op.grad_inputs], dys64)
-    np_in = {k: to_numpy(v) if isinstance(v, torch.Tensor) else v for k, v in args64.items()}
-    np_out = {k: to_numpy(v) for k, v in outs64.items()}
-    np_grads = {n: to_numpy(g) for n, g in zip(op.grad_inputs, grads64)}
+    with timed("inputs"):
+        values = case.materialise(backend.device())
+    with timed("reference"):
+        np_in, np_out, np_grads = _autograd_reference(op, case, values)
     if in_domain is not None:
         in_domain(case, np_in, np_out, np_grads)
-    allowed = op.grad_tolerance(case, np_in, np_out, np_grads, precision(impl, case))
+    with timed("allowance"):
+        allowed = op.grad_tolerance(case, np_in, np_out, np_grads, precision(impl, case))
     if max_allowed is not None:
         assume(max(float(np.max(a)) for a in allowed.values()) <= max_allowed)
     # An example in which the derived allowance would accept 0 for most elements of a
@@ -147,13 +146,37 @@ def gradients_match_reference(case: Case, impl: Implementation, in_domain=None, 
     assume(not any(allowance_mostly_vacuous(np_grads[n], allowed[f"d{n}"], values[n].dtype) for n in op.grad_inputs))
     # before the implementation: a kernel may write into its inputs (Liger's cross-entropy
     # stores the gradient in the logits), and PyTorch must see the inputs as drawn
-    baseline = parity.baseline_grad_errors(op.name, case, values, np_grads)
-    _, grads = _backward(op, case, impl, values)
+    with timed("torch baseline"):
+        baseline = parity.baseline_grad_errors(op.name, case, values, np_grads)
+    with timed("kernel"):
+        _, grads = _backward(op, case, impl, values)
     for name in op.grad_inputs:
         if grads[name].dtype != values[name].dtype:
             raise AssertionError(f"gradient of {name!r} has dtype {grads[name].dtype}, input has {values[name].dtype}")
-        parity.assert_close(f"d{name}", grads[name], np_grads[name], allowed[f"d{name}"], baseline[f"d{name}"],
-                            dtype=values[name].dtype, rule=rule_name(op.grad_tolerance))
+        with timed("compare"):
+            parity.assert_close(f"d{name}", grads[name], np_grads[name], allowed[f"d{name}"], baseline[f"d{name}"],
+                                dtype=values[name].dtype, rule=rule_name(op.grad_tolerance))
+
+
+def _autograd_reference(op: OpSpec, case: Case, values: dict[str, Any]):
+    """fp64 PyTorch autograd on the drawn (rounded) inputs: inputs, outputs and gradients
+    as NumPy arrays, for the allowance rules. It runs where the inputs are: on a GPU the
+    fp64 backward of attention's N x N scores takes milliseconds where one host thread
+    per xdist worker took most of the example's time."""
+    args64 = {}
+    for name, v in values.items():
+        if isinstance(v, torch.Tensor):
+            t = v.detach().to(dtype=torch.float64 if v.dtype.is_floating_point else v.dtype, copy=True)
+            args64[name] = t.requires_grad_(name in op.grad_inputs)
+        else:
+            args64[name] = v
+    outs64 = op.unpack(op.torch_reference(*(args64[a] for a in case.args)))
+    dys64 = [args64[f"d{n}"] for n in op.grad_outputs]
+    grads64 = torch.autograd.grad([outs64[n] for n in op.grad_outputs], [args64[n] for n in op.grad_inputs], dys64)
+    np_in = {k: to_numpy(v) if isinstance(v, torch.Tensor) else v for k, v in args64.items()}
+    np_out = {k: to_numpy(v) for k, v in outs64.items()}
+    np_grads = {n: to_numpy(g) for n, g in zip(op.grad_inputs, grads64)}
+    return np_in, np_out, np_grads
 
 
 def _whole_storage(t: torch.Tensor) -> torch.Tensor:

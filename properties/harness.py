@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
 from hypothesis.vendor import pretty
 
-from properties import backend, refusals, registry
+from properties import autotune_configs, backend, refusals, registry
 from properties.config import CONFIG
 from properties.generic import rule_name
 from properties.limits import OutsideLimits
@@ -90,7 +90,8 @@ class Target:
         sink = _collector.sink(self, case) if _collector is not None and self.check.name in RECORDED_CHECKS else None
         invalid, refused, start = False, False, time.perf_counter()
         try:
-            with poisoned_allocations_for(self.impl.fn), (recording(sink) if sink is not None else contextlib.nullcontext()):
+            with poisoned_allocations_for(self.impl.fn), autotune_configs.pinned_all(self.impl.fn, CONFIG.autotune_config), \
+                    (recording(sink) if sink is not None else contextlib.nullcontext()):
                 self.check.run(case, self.impl)
         except UnsatisfiedAssumption:
             invalid = True

@@ -235,7 +235,7 @@ class Limits:
         lo2, hi2 = max(lo, self.min_size.get(dim, lo)), min(hi, self.max_size.get(dim, hi))
         if CONFIG.shapes is None or dim in self.sizes or lo2 > hi2:
             return self.size(dim, lo, hi, blocks=blocks)
-        return shape_pool.sizes(op, dtype, dim, lo2, hi2, blocks=blocks, span=span or (lo, hi))
+        return shape_pool.sizes(op, dim, lo2, hi2, blocks=blocks, span=span or (lo, hi))
 
     def length(self, op: str, dtype, dim: str, lo: int, hi: int, *, long_max: int, long_percent: int,
                blocks: Sequence[int] = ()) -> st.SearchStrategy[int]:
@@ -256,7 +256,7 @@ class Limits:
         inside = [n for n in pool if self.min_size.get(dim, n) <= n <= self.max_size.get(dim, n)]
         if CONFIG.shapes is None or dim in self.sizes or not inside:
             return self.pick(dim, pool)
-        return shape_pool.choice(op, dtype, dim, inside)
+        return shape_pool.choice(op, dim, inside)
 
     def pick(self, dim: str, pool: Sequence[int]) -> st.SearchStrategy[int]:
         """A size of ``dim`` from the op's pool (e.g. head dims), inside the limits;

@@ -102,6 +102,16 @@ def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
     fl (|q_i|_1 + 2) for the denominator. A kernel that accumulates the state in the
     input dtype (n_i roundings instead of one) is outside this rule for long n_i.
 
+    A chunked kernel may instead round the scores A_ij = q_i . k_j to the input dtype
+    before the A V dot (fla's ``fused_chunk``: ``b_s.to(b_q.dtype)``, as FlashAttention
+    rounds P; ``(q @ k^T).tril() @ v`` in the input dtype does the same): u(dtype) |A_ij|
+    relative, within the 3 u(dtype) above, plus half a subnormal spacing per score,
+    multiplied by |v_j| in the sum: fl sum_{j <= i} |v_j| more in the numerator. Why the
+    old rule was wrong: it charged the subnormal floor only to the control's
+    intermediates (weighted by q or 1), never to a score that is multiplied by v; fla's
+    fp16 kernel with q, k tiny (scores ~1e-8, subnormal in fp16) and eps = 1e-3 was off
+    by 7e-5 where the rule allowed 6.6e-5 (plain PyTorch's error there 2.4e-5).
+
     The quotient: |o err| <= num_err / d + |o| den_err / d + u |o|; then SAFETY, the
     store of o (u(dtype) |o|) and the underflow floor.
     """
@@ -126,7 +136,7 @@ def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
     v1 = np.cumsum(va, axis=2) if causal else np.broadcast_to(va.sum(axis=2, keepdims=True), va.shape)
     k1 = z.sum(axis=-1, keepdims=True)
     reads = 2 * DOT_READ_FLOOR * (q1 + 1) * (v1 + k1 + 1)
-    num_err = (e_sum + 2 * p.dot + 3 * ui) * m_abs + fl * (q1 * (n + 1) + 1) + reads
+    num_err = (e_sum + 2 * p.dot + 3 * ui) * m_abs + fl * (q1 * (n + 1) + 1 + v1) + reads
     den_err = (e_sum + p.dot + uc + 3 * ui) * den + fl * (q1 + 2) + DOT_READ_FLOOR * (q1 + k1)
     oa = np.abs(np.where(np.isfinite(o), o, 0.0))
     err = num_err / den + oa * den_err / den + uc * oa

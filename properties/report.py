@@ -376,7 +376,10 @@ def markdown(report: dict) -> str:
     lines = ["# Tolerance report", "",
              f"Backend `{m.get('backend')}`, profile `{m.get('profile')}`, device {m.get('device')}, "
              f"{report['created']}. Headroom is the largest error divided by its allowance (<= 1 passes). "
-             f"Tolerance mode `{m.get('tolerance', 'derived')}`; vs torch is the ratio of the kernel's max "
+             f"Tolerance mode `{m.get('tolerance', 'derived')}`"
+             + (f"; shape pool `--shapes {m['shapes']}`" if m.get("shapes") else "")
+             + (f"; autotuned kernels pinned to config {m['autotune_config']}" if m.get("autotune_config") is not None
+                else "") + "; vs torch is the ratio of the kernel's max "
              "|error| to plain PyTorch's in the input dtype on the same input (PyTorch's error in brackets): on "
              "the example closest to failing, then the largest over the examples. Vacuous: elements whose allowance "
              "reached |expected| (0 would have passed) / examples in which most elements did.", "",

@@ -139,20 +139,110 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
     return Verdict(False, dtype, "")
 
 
-def _child(conn, backend_name: str, size: str, fn, args, tolerance: str = "derived", gpu: int | None = None) -> None:
-    """The body of an isolated child: the parent's backend, size, tolerance mode and GPU, then ``fn(*args)``."""
+def _configure(backend_name: str, size: str, tolerance: str) -> None:
+    """The parent's backend, size and tolerance mode in a child."""
     from properties.config import CONFIG
     backend.select(backend_name)  # a spawned child starts with nothing selected
-    if gpu is not None:  # the parent's GPU (one per xdist worker), not CUDA's default device
-        torch.cuda.set_device(gpu)
     CONFIG.size = size
     CONFIG.tolerance = tolerance
+
+
+def _verdict_of(fn, args) -> Verdict:
     try:
-        verdict = fn(*args)
+        return fn(*args)
     except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
-        verdict = Verdict(True, None, f"{type(exc).__name__}: {exc}")
-    conn.send(verdict)
+        return Verdict(True, None, f"{type(exc).__name__}: {exc}")
+
+
+def _child(conn, backend_name: str, size: str, fn, args, tolerance: str = "derived") -> None:
+    """The body of a forked child: one job, then exit."""
+    _configure(backend_name, size, tolerance)
+    conn.send(_verdict_of(fn, args))
     conn.close()
+
+
+def _cuda_usable() -> bool:
+    """Whether this process's CUDA context still works: a wild or misaligned access
+    leaves it broken for good (every later call fails with the same sticky error)."""
+    try:
+        torch.cuda.synchronize()
+        return torch.ones(1, device="cuda").add_(1).item() == 2.0
+    except Exception:  # noqa: BLE001 - any error means the context cannot be trusted
+        return False
+
+
+def _serve(conn, backend_name: str) -> None:
+    """The body of a resident CUDA child: jobs one after another until the pipe closes
+    or a job leaves the CUDA context broken (it answers, then exits)."""
+    backend.select(backend_name)
+    registry.load()  # the imports and the registry, before the first job's clock starts
+    while True:
+        try:
+            size, tolerance, device_index, fn, args = conn.recv()
+        except EOFError:
+            return
+        _configure(backend_name, size, tolerance)
+        torch.cuda.set_device(device_index)
+        verdict = _verdict_of(fn, args)
+        usable = _cuda_usable()
+        conn.send((verdict, usable))
+        if not usable:
+            return
+
+
+class _ResidentChild:
+    """A spawned process that runs isolated jobs one after another on CUDA.
+
+    Spawning a child per hunt cost most of a GPU hunt: the child imports torch, Triton
+    and the suite and creates a CUDA context before the first example (the self-test's
+    median time to kill on an H100 was 22.3 s with a child per hunt). One child serves
+    the hunts of a pytest process in turn; a job that leaves its CUDA context broken ends
+    it, and a replacement is started at once so that its imports overlap the parent's
+    next steps. A child that dies or hangs is replaced the same way."""
+
+    def __init__(self):
+        context = multiprocessing.get_context("spawn")
+        self.conn, child_end = context.Pipe(duplex=True)
+        self.process = context.Process(target=_serve, args=(child_end, backend.current()), daemon=True)
+        self.process.start()
+        child_end.close()  # the child holds the only other end: its death reads as EOF here
+
+    def run(self, fn, args) -> tuple[Verdict, bool]:
+        """The job's verdict, and whether this child can take another job."""
+        from properties.config import CONFIG
+        self.conn.send((CONFIG.size, CONFIG.tolerance, torch.cuda.current_device(), fn, args))
+        if not self.conn.poll(ISOLATED_TIMEOUT_S):  # a hang is a failure, never a stuck test run
+            return Verdict(True, None, f"did not finish in {ISOLATED_TIMEOUT_S} s: the process hung"), False
+        try:
+            return self.conn.recv()
+        except EOFError:
+            self.process.join(5)
+            code = self.process.exitcode or 0
+            sig = signal.Signals(-code).name if code < 0 else f"exit {code}"
+            return Verdict(True, None, f"the process died ({sig}): an out-of-bounds access, or worse"), False
+
+    def close(self) -> None:
+        self.conn.close()
+        self.process.join(1)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+
+
+_resident: _ResidentChild | None = None
+
+
+def _isolated_on_cuda(fn, args) -> Verdict:
+    global _resident
+    child = _resident or _ResidentChild()
+    _resident = None
+    verdict, reusable = child.run(fn, args)
+    if reusable:
+        _resident = child
+    else:
+        child.close()
+        _resident = _ResidentChild()  # starts now: its imports overlap what the parent does next
+    return verdict
 
 
 def isolated(fn, *args) -> Verdict:
@@ -161,21 +251,21 @@ def isolated(fn, *args) -> Verdict:
     access can crash the process (design notes); on CUDA a wild or misaligned access
     leaves the CUDA context broken for good, and every later test in the same pytest
     worker would fail with the same error. A crash, a broken context and a hang all
-    become a failed verdict. Under the interpreter the child is forked (cheap); CUDA
-    cannot fork after its first use, so there the child is spawned (fn and args must
-    pickle) and finds the kernels it needs in Triton's on-disk cache."""
+    become a failed verdict. Under the interpreter the child is forked (cheap), one per
+    job; CUDA cannot fork after its first use, so there a spawned child serves job after
+    job (:class:`_ResidentChild`; fn and args must pickle) until one breaks its context,
+    and finds compiled kernels in Triton's on-disk cache."""
     from properties.config import CONFIG
-    on_cuda = backend.current() == "cuda"
-    if not on_cuda:
-        # torch's OpenMP pool does not survive fork: a child that enters a parallel region
-        # the parent has used waits forever on the pool's futex. One thread per process
-        # never enters one (and two xdist workers on two cores want one thread each anyway).
-        torch.set_num_threads(1)
-    context = multiprocessing.get_context("spawn" if on_cuda else "fork")
+    if backend.current() == "cuda":
+        return _isolated_on_cuda(fn, args)
+    # torch's OpenMP pool does not survive fork: a child that enters a parallel region
+    # the parent has used waits forever on the pool's futex. One thread per process
+    # never enters one (and two xdist workers on two cores want one thread each anyway).
+    torch.set_num_threads(1)
+    context = multiprocessing.get_context("fork")
     receive, send = context.Pipe(duplex=False)
-    gpu = torch.cuda.current_device() if on_cuda else None
-    child = context.Process(target=_child, args=(send, backend.current(), CONFIG.size, fn, args, CONFIG.tolerance,
-                                                 gpu), daemon=True)
+    child = context.Process(target=_child, args=(send, backend.current(), CONFIG.size, fn, args, CONFIG.tolerance),
+                            daemon=True)
     child.start()
     send.close()  # the child holds the only writer: its death reads as EOF here
     try:

@@ -79,8 +79,13 @@ def softmax_allowance(x: np.ndarray, temperature: float, p: Precision) -> np.nda
     rounding x / T in bf16) it correctly grows to the whole [0, 1] range.
     """
     err, log_y = softmax_exponent_error(x, temperature, p)
-    with np.errstate(over="ignore"):
-        return np.minimum(1.0, np.exp(log_y + err)) * -np.expm1(-err)
+    # A -inf entry is exactly 0 (log y = -inf) whatever E is; E is infinite where rounding
+    # x / T near the dtype's max can move the normaliser without bound (bf16, T = 0.5,
+    # |x| ~ 1e38), and e^{-inf + inf} was NaN there: an invalid allowance, found by the
+    # gpu profile at 200 examples.
+    with np.errstate(over="ignore", invalid="ignore"):
+        grown = np.where(np.isneginf(log_y), 0.0, np.exp(log_y + err))
+        return np.minimum(1.0, grown) * -np.expm1(-err)
 
 
 def softmax(x: np.ndarray, y: np.ndarray, temperature: float, p: Precision) -> np.ndarray:

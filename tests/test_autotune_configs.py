@@ -1,4 +1,6 @@
 """properties/autotune_configs.py: one autotune config at a time, and the kernel restored."""
+import sys
+
 import pytest
 import torch
 import triton
@@ -44,3 +46,39 @@ def test_declarations_are_validated():
     with pytest.raises(ValueError, match="not one of"):
         with autotune_configs.pinned(_write_block, triton.Config({"BLOCK": 32})):
             pass
+
+
+def test_a_library_s_autotuners_are_collected_from_its_modules(monkeypatch):
+    import types
+    library = types.ModuleType("somelib")
+    ops = types.ModuleType("somelib.ops")
+    ops.kernel = triton.heuristics({"UNUSED": lambda args: 1})(_write_block)  # heuristics over autotune
+    ops.plain = _write_block.fn
+    monkeypatch.setitem(sys.modules, "somelib", library)
+    monkeypatch.setitem(sys.modules, "somelib.ops", ops)
+    assert autotune_configs.autotuners_in("somelib") == (_write_block,)
+    with pytest.raises(ValueError, match="no module of 'otherlib' is imported"):
+        autotune_configs.autotuners_in("otherlib")
+    monkeypatch.setattr(ops, "kernel", None)
+    with pytest.raises(ValueError, match="define no triton.autotune'd kernel"):
+        autotune_configs.autotuners_in("somelib")
+
+
+def test_the_run_wide_pin_takes_config_i_modulo_the_count_and_restores():
+    assert [_pinned_result(i) for i in (0, 1, 2)] == [16, 64, 16]
+    with autotune_configs.pinned_all(write_block, None):
+        assert _write_block.configs == CONFIGS  # None: the kernel autotunes as it does
+    assert _write_block.configs == CONFIGS
+
+
+def _pinned_result(index: int) -> int:
+    with autotune_configs.pinned_all(write_block, index):
+        assert len(_write_block.configs) == 1
+        return write_block()
+
+
+def test_a_heuristics_wrapper_is_looked_through():
+    def fn():
+        pass
+    fn.autotuned = (triton.heuristics({"UNUSED": lambda args: 1})(_write_block),)
+    assert autotune_configs.autotuned_kernels(fn) == (_write_block,)

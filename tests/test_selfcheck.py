@@ -132,6 +132,14 @@ def test_isolated_keeps_a_broken_cuda_context_out_of_this_process():
 
 
 @needs_cuda
+def test_one_resident_child_serves_the_hunts_until_a_job_breaks_its_cuda_context():
+    first, second = selfcheck.isolated(os.getpid), selfcheck.isolated(os.getpid)
+    assert first == second != os.getpid()  # no spawn, import and CUDA start per hunt
+    assert selfcheck.isolated(_break_the_cuda_context).failed
+    assert selfcheck.isolated(os.getpid) not in (first, os.getpid())  # a fresh child after the broken one
+
+
+@needs_cuda
 def test_tests_after_a_broken_cuda_context_name_the_test_that_broke_it(tmp_path):
     (tmp_path / "test_breaks.py").write_text(textwrap.dedent('''
         import torch

@@ -27,11 +27,13 @@ reason instead of failures that are not fla's.
 from __future__ import annotations
 
 import torch
-from fla.modules.activations.ops import ELUPlusOneFunction
+from fla.modules.activations.ops import ELUPlusOneFunction, elu_p1_bwd_kernel, elu_p1_fwd_kernel
+from fla.ops.common.fused_chunk import fused_chunk_fwd_kernel
 from fla.ops.linear_attn import chunk_linear_attn, fused_chunk_linear_attn
-from fla.ops.utils.cumsum import chunk_global_cumsum
+from fla.ops.utils.cumsum import chunk_global_cumsum, chunk_global_cumsum_vector_kernel
 
 from properties import backend
+from properties.autotune_configs import autotuners_in
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -80,8 +82,14 @@ def chunk_linear_attention(q, k, v, causal=False, eps=1e-6):
     return _linear_attention(chunk_linear_attn, q, k, v, causal, eps)
 
 
+# The autotuned kernels each adapter launches: --autotune-config I runs config I of each instead
+# of a sweep per new size, benchmarks/autotune_sweep.py every config in turn. The chunk path
+# launches several of fla's common kernels: every autotuned kernel of the imported fla modules.
 elu_feature_map.dtypes = _DTYPES
 elu_feature_map.supports_backward = True
+elu_feature_map.autotuned = (elu_p1_fwd_kernel, elu_p1_bwd_kernel)
+linear_attention.autotuned = (fused_chunk_fwd_kernel, chunk_global_cumsum_vector_kernel)
+chunk_linear_attention.autotuned = autotuners_in("fla")
 for _fn in (linear_attention, chunk_linear_attention):
     _fn.dtypes = _DTYPES
     _fn.supports_backward = False  # the contract asks no gradient of linear_attention

@@ -11,17 +11,22 @@ WORKERS=${WORKERS:-8}
 export PYTHONPATH=".:examples/fla${PYTHONPATH:+:$PYTHONPATH}"
 python3 -c 'import fla, torch, triton; from importlib.metadata import version; print("fla-core", version("fla-core"), "einops", version("einops"), "torch", torch.__version__, "triton", triton.__version__)'
 python3 examples/fla/adapter_formula.py; echo "examples/fla/adapter_formula.py: exit $? (0: the formula is the contract's)"
-# --shapes 1: fla autotunes per head dims, heads and batch (fused_chunk_fwd_kernel 12 configs
-# per (H, D, Dv, chunk), chunk_global_cumsum_vector_kernel 48 per (B, H, D), elu_p1 30 + 30
-# per last dim, each per dtype; README): one pool value per dim besides the block boundaries
-# bounds the sweeps, while N and the values stay free. The first-example time of each test
-# (compile + autotune) is in the report's "slowest first examples" line.
-python3 -m pytest tests/test_checks.py -n "$WORKERS" -q -rfs --tb=line -p no:randomly --shapes 1 "${@:2}" \
+# fla autotunes per head dims, heads and batch (fused_chunk_fwd_kernel 12 configs per
+# (H, D, Dv, chunk), chunk_global_cumsum_vector_kernel 48 per (B, H, D), elu_p1 30 + 30 per
+# last dim, each per dtype; README). --shapes 1: one pool value per dim besides the block
+# boundaries, shared by the dtypes, while N and the values stay free. --autotune-config 0:
+# each fla kernel runs its first config, one compilation per new key instead of a sweep
+# (AUTOTUNE=tuned keeps fla's own choice; benchmarks/autotune_sweep.py checks every config).
+# The first-example time of each test (compile + autotune) is in the report.
+AUTOTUNE=${AUTOTUNE:-0}
+python3 -m pytest tests/test_checks.py -n "$WORKERS" -q -rfs --tb=line -p no:randomly --shapes 1 \
+    --autotune-config "$AUTOTUNE" "${@:2}" \
     --impl linear_attention=adapters:linear_attention --impl elu_feature_map=adapters:elu_feature_map \
     --report-dir "$REPORTS/fused_chunk"
 echo "linear_attention (fused_chunk_linear_attn), elu_feature_map (elu_p1): exit $?"
 if [[ "${FLA_CHUNK:-0}" == 1 ]]; then
-    python3 -m pytest tests/test_checks.py -n "$WORKERS" -q -rfs --tb=line -p no:randomly --shapes 1 "${@:2}" \
+    python3 -m pytest tests/test_checks.py -n "$WORKERS" -q -rfs --tb=line -p no:randomly --shapes 1 \
+        --autotune-config "$AUTOTUNE" "${@:2}" \
         --impl linear_attention=adapters:chunk_linear_attention --report-dir "$REPORTS/chunk"
     echo "linear_attention (chunk_linear_attn): exit $?"
 fi
