@@ -16,11 +16,33 @@ def _scale(sm_scale, head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
 
 
-def _masked_scores(q, k, causal: bool, scale: float, dtype: torch.dtype):
-    s = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) * scale
+def _visible(n_q: int, n_k: int, causal: bool, window, device) -> torch.Tensor | None:
+    """[Nq, Nk] bool mask of the pairs kept (bottom-right aligned: row i's diagonal key is
+    i + Nk - Nq), or None when every pair is kept."""
+    left, right = window
+    if not causal and left < 0 and right < 0:
+        return None
+    i = torch.arange(n_q, device=device)[:, None] + (n_k - n_q)
+    j = torch.arange(n_k, device=device)[None, :]
+    keep = torch.ones(n_q, n_k, dtype=torch.bool, device=device)
     if causal:
-        future = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device).triu(1)
-        s = s.masked_fill(future, float("-inf"))
+        keep &= j <= i
+    if left >= 0:
+        keep &= j >= i - left
+    if right >= 0:
+        keep &= j <= i + right
+    return keep
+
+
+def _grouped(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """k or v [B, Hkv, N, D] repeated to [B, heads, N, D]: KV head h // (heads / Hkv) at head h."""
+    return t.repeat_interleave(heads // t.shape[1], dim=1)
+
+
+def _masked_scores(q, k, keep, scale: float, dtype: torch.dtype):
+    s = (q.to(dtype) @ _grouped(k, q.shape[1]).to(dtype).transpose(-1, -2)) * scale
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
     return s
 
 
@@ -43,8 +65,14 @@ def _realigned(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def sdpa(q, k, v, causal=False, sm_scale=None):
+def sdpa(q, k, v, causal=False, sm_scale=None, window=(-1, -1)):
     """``F.scaled_dot_product_attention`` in the input dtype.
+
+    GQA through ``enable_gqa``. Masks: ``is_causal`` where it means the contract's causal
+    (Nq == Nk, no window); else an explicit boolean ``attn_mask`` aligned to the bottom
+    right (SDPA's ``is_causal`` is aligned to the top left). Rows that see no key are given
+    every key for the call and set to 0 after it, as a user would (SDPA's softmax of a row
+    of -inf is NaN on some backends).
 
     SDPA does not return its logsumexp, so ``lse`` is computed separately, in float32,
     as ``torch.logsumexp`` of the scaled, masked float32 scores. On CPU, SDPA's fp16 and
@@ -58,18 +86,34 @@ def sdpa(q, k, v, causal=False, sm_scale=None):
     """
     scale = _scale(sm_scale, q.shape[-1])
     q, k, v = (_realigned(t) for t in (q, k, v))
-    o = _RealignedGrad.apply(F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale))
-    lse = torch.logsumexp(_masked_scores(q, k, causal, scale, torch.float32), dim=-1)
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    keep = _visible(n_q, n_k, causal, window, q.device)
+    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
+    if keep is None or (causal and n_q == n_k and tuple(window) == (-1, -1)):
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale, **gqa)
+    else:
+        empty = ~keep.any(dim=-1, keepdim=True)  # [Nq, 1]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=keep | empty, scale=scale, **gqa)
+        o = o.masked_fill(empty, 0.0)
+    o = _RealignedGrad.apply(o)
+    lse = torch.logsumexp(_masked_scores(q, k, keep, scale, torch.float32), dim=-1)
     return o, lse
 
 
-def naive_torch(q, k, v, causal=False, sm_scale=None):
-    """Matmul, mask, softmax, matmul, all in the input dtype; ``lse`` from fp32 scores."""
+def naive_torch(q, k, v, causal=False, sm_scale=None, window=(-1, -1)):
+    """Matmul, mask, softmax, matmul, all in the input dtype (k, v repeated per group of
+    query heads); ``lse`` from fp32 scores. A row that sees no key gets o = 0."""
     scale = _scale(sm_scale, q.shape[-1])
-    s = _masked_scores(q, k, causal, scale, q.dtype)
-    p = torch.softmax(s, dim=-1)
-    o = p @ v
-    lse = torch.logsumexp(s.float(), dim=-1)
+    keep = _visible(q.shape[-2], k.shape[-2], causal, window, q.device)
+    s = _masked_scores(q, k, keep, scale, q.dtype)
+    if keep is None:
+        p = torch.softmax(s, dim=-1)
+    else:
+        empty = ~keep.any(dim=-1, keepdim=True)
+        p = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    o = p @ _grouped(v, q.shape[1])
+    lse = torch.logsumexp(_masked_scores(q, k, keep, scale, torch.float32) if q.dtype != torch.float32
+                          else s, dim=-1)
     return o, lse
 
 

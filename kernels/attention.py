@@ -75,7 +75,7 @@ FP32_DOT_PRECISION = "ieee"
 
 # Integer arguments that change with every fuzzed shape: not specialised, so they do
 # not multiply the number of compiled variants.
-_NO_SPEC = ["H", "N_Q", "N_K"]
+_NO_SPEC = ["H", "GROUP", "N_Q", "N_K", "BAND_LO", "BAND_HI"]
 
 
 def _interpreting() -> bool:
@@ -102,9 +102,19 @@ def _mma(a, b, FP16_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _causal_keep(offs_m, offs_n):
-    """[BLOCK_M, BLOCK_N] mask of the (query i, key j) pairs causal attention keeps: j <= i."""
-    return offs_n[None, :] <= offs_m[:, None]
+def _band_keep(offs_m, offs_n, BAND_LO, BAND_HI):
+    """[BLOCK_M, BLOCK_N] mask of the (query i, key j) pairs a banded call keeps:
+    i + BAND_LO <= j <= i + BAND_HI. With diag = Nk - Nq (bottom-right alignment),
+    BAND_LO = diag - left and BAND_HI = diag + right (causal: right = 0); an unbounded
+    side gets a bound past every key (see ``_band``)."""
+    return (offs_n[None, :] >= offs_m[:, None] + BAND_LO) & (offs_n[None, :] <= offs_m[:, None] + BAND_HI)
+
+
+@triton.jit
+def _kv_head(off_h, H, GROUP):
+    """The KV head a query head reads (GQA): query heads h of one group of GROUP = H / Hkv
+    consecutive heads share KV head h // GROUP."""
+    return off_h // GROUP
 
 
 # ----------------------------------------------------------------------------------
@@ -113,20 +123,23 @@ def _causal_keep(offs_m, offs_n):
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _attn_fwd_kernel(
     Q,  # *[B, H, Nq, D] queries, any strides
-    K,  # *[B, H, Nk, D] keys, any strides
-    V,  # *[B, H, Nk, D] values, any strides
+    K,  # *[B, Hkv, Nk, D] keys, any strides
+    V,  # *[B, Hkv, Nk, D] values, any strides
     O,  # *[B, H, Nq, D] output (input dtype), any strides
     LSE,  # *[B, H, Nq] float32 natural-log logsumexp, contiguous
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
-    H,  # number of heads
+    H,  # number of query heads
+    GROUP,  # query heads per KV head, H / Hkv
     N_Q,  # number of query rows
     N_K,  # number of keys
     HEAD_DIM,  # D (<= BLOCK_D)
     qk_scale,  # sm_scale * log2(e): scores in log2 units
-    IS_CAUSAL: tl.constexpr,
+    BAND_LO,  # banded calls keep keys i + BAND_LO <= j <= i + BAND_HI
+    BAND_HI,
+    IS_BANDED: tl.constexpr,  # causal or a window: the band mask and loop bounds apply
     FP16_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -137,6 +150,7 @@ def _attn_fwd_kernel(
     pid_bh = tl.program_id(1)
     off_b = pid_bh // H
     off_h = pid_bh % H
+    off_kvh = _kv_head(off_h, H, GROUP)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -145,8 +159,8 @@ def _attn_fwd_kernel(
     d_valid = offs_d < HEAD_DIM
 
     q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-    k_base = K + off_b.to(tl.int64) * stride_kb + off_h.to(tl.int64) * stride_kh
-    v_base = V + off_b.to(tl.int64) * stride_vb + off_h.to(tl.int64) * stride_vh
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
 
     # Padded query rows and padded head-dim lanes load as 0: their scores are finite.
     q = tl.load(
@@ -158,13 +172,16 @@ def _attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(s - m_i)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # running sum of exp2(s - m_i) v
 
-    if IS_CAUSAL:
-        # keys j > i for every row of this block lie past the block's last row
-        hi = tl.minimum((pid_m + 1) * BLOCK_M, N_K)
+    if IS_BANDED:
+        # the block's rows i0 .. i1 - 1 see keys i0 + BAND_LO .. i1 - 1 + BAND_HI at most;
+        # the loop starts at the key block holding the first of them
+        lo = tl.maximum(pid_m * BLOCK_M + BAND_LO, 0) // BLOCK_N * BLOCK_N
+        hi = tl.minimum((pid_m + 1) * BLOCK_M + BAND_HI, N_K)
     else:
+        lo = 0
         hi = N_K
 
-    for start_n in range(0, hi, BLOCK_N):
+    for start_n in range(lo, hi, BLOCK_N):
         offs_kn = start_n + offs_n
         n_valid = offs_kn < N_K
         kv_mask = n_valid[:, None] & d_valid[None, :]
@@ -180,13 +197,13 @@ def _attn_fwd_kernel(
         s = _mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION) * qk_scale
         # keys past N_K score -inf: the identity of the max, weight exp2(-inf) = 0
         s = tl.where(n_valid[None, :], s, float("-inf"))
-        if IS_CAUSAL:
-            s = tl.where(_causal_keep(offs_m, offs_kn), s, float("-inf"))
+        if IS_BANDED:
+            s = tl.where(_band_keep(offs_m, offs_kn, BAND_LO, BAND_HI), s, float("-inf"))
 
         # online softmax: new max, rescale factor of the old sums, this block's weights
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         # a row whose scores so far are all -inf keeps offset 0 so that no -inf - -inf NaN
-        # appears (its l stays 0 and o = 0/0 = NaN, as the reference's softmax)
+        # appears (its l stays 0 until it sees a key)
         m_off = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_off)
         p = tl.exp2(s - m_off[:, None])
@@ -194,8 +211,13 @@ def _attn_fwd_kernel(
         acc = acc * alpha[:, None] + _mma(p, v, FP16_DOT, DOT_PRECISION)
         m_i = m_new
 
+    # A row that saw a key has l >= 1 (its top key adds exp2(0)). A row that saw none (a
+    # band that misses every key, e.g. causal rows i < Nq - Nk) has acc = 0 and l = 0: it
+    # returns o = 0 and lse = log(0) = -inf, the identity of the LSE merge, not 0/0.
+    empty = l_i == 0.0
+    l_i = tl.where(empty, 1.0, l_i)
     o = acc / l_i[:, None]
-    lse = (m_i + tl.log2(l_i)) * _LN2  # natural log
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_i)) * _LN2)  # natural log
     o_ptrs = O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh \
         + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
@@ -243,35 +265,41 @@ def _attn_bwd_preprocess_kernel(
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _attn_bwd_dkdv_kernel(
     Q,  # *[B, H, Nq, D] queries, any strides
-    K,  # *[B, H, Nk, D] keys, any strides
-    V,  # *[B, H, Nk, D] values, any strides
+    K,  # *[B, Hkv, Nk, D] keys, any strides
+    V,  # *[B, Hkv, Nk, D] values, any strides
     DO,  # *[B, H, Nq, D] gradient of o, any strides
     LSE,  # *[B, H, Nq] float32 natural-log logsumexp from the forward, contiguous
     DELTA,  # *[B, H, Nq] float32 rowsum(dO * O), contiguous
-    DK,  # *[B, H, Nk, D] output dk (input dtype), contiguous
-    DV,  # *[B, H, Nk, D] output dv (input dtype), contiguous
+    DK,  # *[B, Hkv, Nk, D] output dk (input dtype), contiguous
+    DV,  # *[B, Hkv, Nk, D] output dv (input dtype), contiguous
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-    H,
+    H,  # number of query heads
+    GROUP,  # query heads per KV head, H / Hkv
     N_Q,
     N_K,
     HEAD_DIM,
     sm_scale,  # natural-units scale (for dk)
     qk_scale,  # sm_scale * log2(e)
-    IS_CAUSAL: tl.constexpr,
+    BAND_LO,  # banded calls keep keys i + BAND_LO <= j <= i + BAND_HI
+    BAND_HI,
+    IS_BANDED: tl.constexpr,
     FP16_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    # one program per (key block, batch * KV head): dk and dv of a KV head shared by a
+    # group of query heads are sums over the group, accumulated here in fp32 (no atomics)
     pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    off_b = pid_bh // H
-    off_h = pid_bh % H
+    pid_bkv = tl.program_id(1)
+    H_KV = H // GROUP
+    off_b = pid_bkv // H_KV
+    off_kvh = pid_bkv % H_KV
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_mb = tl.arange(0, BLOCK_M)
@@ -280,15 +308,13 @@ def _attn_bwd_dkdv_kernel(
     d_valid = offs_d < HEAD_DIM
     kv_mask = n_valid[:, None] & d_valid[None, :]
 
-    q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-    do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
     k = tl.load(
-        K + off_b.to(tl.int64) * stride_kb + off_h.to(tl.int64) * stride_kh
+        K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
         + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
         mask=kv_mask, other=0.0,
     ).to(tl.float32)
     v = tl.load(
-        V + off_b.to(tl.int64) * stride_vb + off_h.to(tl.int64) * stride_vh
+        V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
         + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
         mask=kv_mask, other=0.0,
     ).to(tl.float32)
@@ -296,44 +322,53 @@ def _attn_bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
-    if IS_CAUSAL:
-        # rows i < j contribute nothing: start at the query block holding this block's first key
-        lo = (pid_n * BLOCK_N) // BLOCK_M * BLOCK_M
+    if IS_BANDED:
+        # rows that can see a key j0 .. j1 - 1 of this block: j1 - 1 - BAND_HI <= ... i.e.
+        # i >= j0 - BAND_HI and i <= j1 - 1 - BAND_LO; start at the query block holding the first
+        lo = tl.maximum(pid_n * BLOCK_N - BAND_HI, 0) // BLOCK_M * BLOCK_M
+        hi = tl.minimum((pid_n + 1) * BLOCK_N - BAND_LO, N_Q)
     else:
         lo = 0
+        hi = N_Q
 
-    for start_m in range(lo, N_Q, BLOCK_M):
-        offs_m = start_m + offs_mb
-        m_valid = offs_m < N_Q
-        qm_mask = m_valid[:, None] & d_valid[None, :]
-        q = tl.load(
-            q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-            mask=qm_mask, other=0.0,
-        ).to(tl.float32)
-        do = tl.load(
-            do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-            mask=qm_mask, other=0.0,
-        ).to(tl.float32)
-        lse2 = tl.load(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, mask=m_valid, other=0.0) * _LOG2E
-        delta = tl.load(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, mask=m_valid, other=0.0)
+    for g in range(0, GROUP):
+        off_h = off_kvh * GROUP + g  # the query heads of this KV head's group
+        row0 = (off_b * H + off_h).to(tl.int64) * N_Q  # this head's rows of LSE and DELTA
+        q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+        do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+        for start_m in range(lo, hi, BLOCK_M):
+            offs_m = start_m + offs_mb
+            m_valid = offs_m < N_Q
+            qm_mask = m_valid[:, None] & d_valid[None, :]
+            q = tl.load(
+                q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=qm_mask, other=0.0,
+            ).to(tl.float32)
+            do = tl.load(
+                do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                mask=qm_mask, other=0.0,
+            ).to(tl.float32)
+            lse2 = tl.load(LSE + row0 + offs_m, mask=m_valid, other=0.0) * _LOG2E
+            delta = tl.load(DELTA + row0 + offs_m, mask=m_valid, other=0.0)
 
-        # P recomputed from the saved LSE; padded rows and keys get -inf, so P = 0 there
-        st = _mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION) * qk_scale
-        keep = m_valid[:, None] & n_valid[None, :]
-        if IS_CAUSAL:
-            keep = keep & _causal_keep(offs_m, offs_n)
-        st = tl.where(keep, st, float("-inf"))
-        # P <= 1 exactly; the clamp keeps the rounding of a huge lse (u(fp32) |lse| > 128 past
-        # |s| ~ 1e9) from recomputing P as exp2(+big) = inf and the gradients as NaN
-        p = tl.exp2(tl.minimum(st - lse2[:, None], 0.0))  # [BLOCK_M, BLOCK_N]
+            # P recomputed from the saved LSE; padded rows and keys, and pairs outside the
+            # band, get P = 0 (a row without any key has lse = -inf: s - lse is never formed
+            # there, -inf - -inf would be NaN)
+            st = _mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION) * qk_scale
+            keep = m_valid[:, None] & n_valid[None, :]
+            if IS_BANDED:
+                keep = keep & _band_keep(offs_m, offs_n, BAND_LO, BAND_HI)
+            # P <= 1 exactly; the clamp keeps the rounding of a huge lse (u(fp32) |lse| > 128
+            # past |s| ~ 1e9) from recomputing P as exp2(+big) = inf and the gradients as NaN
+            p = tl.where(keep, tl.exp2(tl.minimum(st - lse2[:, None], 0.0)), 0.0)  # [BLOCK_M, BLOCK_N]
 
-        dv += _mma(tl.trans(p), do, FP16_DOT, DOT_PRECISION)
-        dp = _mma(do, tl.trans(v), FP16_DOT, DOT_PRECISION)
-        ds = p * (dp - delta[:, None])
-        dk += _mma(tl.trans(ds), q, FP16_DOT, DOT_PRECISION)
+            dv += _mma(tl.trans(p), do, FP16_DOT, DOT_PRECISION)
+            dp = _mma(do, tl.trans(v), FP16_DOT, DOT_PRECISION)
+            ds = p * (dp - delta[:, None])
+            dk += _mma(tl.trans(ds), q, FP16_DOT, DOT_PRECISION)
 
     dk = dk * sm_scale  # d s / d k = sm_scale * q
-    out_off = off_b.to(tl.int64) * stride_dkb + off_h.to(tl.int64) * stride_dkh \
+    out_off = off_b.to(tl.int64) * stride_dkb + off_kvh.to(tl.int64) * stride_dkh \
         + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
     tl.store(DK + out_off, dk.to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + out_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
@@ -342,8 +377,8 @@ def _attn_bwd_dkdv_kernel(
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _attn_bwd_dq_kernel(
     Q,  # *[B, H, Nq, D] queries, any strides
-    K,  # *[B, H, Nk, D] keys, any strides
-    V,  # *[B, H, Nk, D] values, any strides
+    K,  # *[B, Hkv, Nk, D] keys, any strides
+    V,  # *[B, Hkv, Nk, D] values, any strides
     DO,  # *[B, H, Nq, D] gradient of o, any strides
     LSE,  # *[B, H, Nq] float32 natural-log logsumexp from the forward, contiguous
     DELTA,  # *[B, H, Nq] float32 rowsum(dO * O), contiguous
@@ -353,13 +388,16 @@ def _attn_bwd_dq_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-    H,
+    H,  # number of query heads
+    GROUP,  # query heads per KV head, H / Hkv
     N_Q,
     N_K,
     HEAD_DIM,
     sm_scale,  # natural-units scale (for dq)
     qk_scale,  # sm_scale * log2(e)
-    IS_CAUSAL: tl.constexpr,
+    BAND_LO,  # banded calls keep keys i + BAND_LO <= j <= i + BAND_HI
+    BAND_HI,
+    IS_BANDED: tl.constexpr,
     FP16_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -370,6 +408,7 @@ def _attn_bwd_dq_kernel(
     pid_bh = tl.program_id(1)
     off_b = pid_bh // H
     off_h = pid_bh % H
+    off_kvh = _kv_head(off_h, H, GROUP)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_nb = tl.arange(0, BLOCK_N)
@@ -391,16 +430,18 @@ def _attn_bwd_dq_kernel(
     lse2 = tl.load(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, mask=m_valid, other=0.0) * _LOG2E
     delta = tl.load(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, mask=m_valid, other=0.0)
 
-    k_base = K + off_b.to(tl.int64) * stride_kb + off_h.to(tl.int64) * stride_kh
-    v_base = V + off_b.to(tl.int64) * stride_vb + off_h.to(tl.int64) * stride_vh
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    if IS_CAUSAL:
-        hi = tl.minimum((pid_m + 1) * BLOCK_M, N_K)
+    if IS_BANDED:
+        lo = tl.maximum(pid_m * BLOCK_M + BAND_LO, 0) // BLOCK_N * BLOCK_N
+        hi = tl.minimum((pid_m + 1) * BLOCK_M + BAND_HI, N_K)
     else:
+        lo = 0
         hi = N_K
 
-    for start_n in range(0, hi, BLOCK_N):
+    for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_nb
         n_valid = offs_n < N_K
         kv_mask = n_valid[:, None] & d_valid[None, :]
@@ -415,12 +456,12 @@ def _attn_bwd_dq_kernel(
 
         sq = _mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION) * qk_scale
         keep_q = m_valid[:, None] & n_valid[None, :]
-        if IS_CAUSAL:
-            keep_q = keep_q & _causal_keep(offs_m, offs_n)
-        sq = tl.where(keep_q, sq, float("-inf"))
+        if IS_BANDED:
+            keep_q = keep_q & _band_keep(offs_m, offs_n, BAND_LO, BAND_HI)
         # P <= 1 exactly; the clamp keeps the rounding of a huge lse (u(fp32) |lse| > 128 past
-        # |s| ~ 1e9) from recomputing P as exp2(+big) = inf and the gradients as NaN
-        p = tl.exp2(tl.minimum(sq - lse2[:, None], 0.0))
+        # |s| ~ 1e9) from recomputing P as exp2(+big) = inf and the gradients as NaN; pairs
+        # outside the band get P = 0 without forming s - lse (-inf - -inf on an empty row)
+        p = tl.where(keep_q, tl.exp2(tl.minimum(sq - lse2[:, None], 0.0)), 0.0)
 
         dp = _mma(do, tl.trans(v), FP16_DOT, DOT_PRECISION)
         ds = p * (dp - delta[:, None])
@@ -476,8 +517,8 @@ def _bwd_config(dtype: torch.dtype, block_d: int) -> tuple[int, int, int]:
     return 32, 32, 4
 
 
-def _check_inputs(q, k, v, causal, sm_scale) -> float:
-    """Validate the arguments of ``attention``; return the resolved sm_scale."""
+def _check_inputs(q, k, v, causal, sm_scale, window) -> tuple[float, tuple[int, int]]:
+    """Validate the arguments of ``attention``; return the resolved sm_scale and window."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -507,14 +548,16 @@ def _check_inputs(q, k, v, causal, sm_scale) -> float:
             "(or TRITON_INTERPRET=1 for CPU tensors)"
         )
     B, H, n_q, D = q.shape
-    if k.shape[0] != B or k.shape[1] != H:
+    if k.shape[0] != B:
+        raise ValueError(f"attention: k's batch dim {k.shape[0]} differs from q's {B}")
+    if v.shape[0] != B:
+        raise ValueError(f"attention: v's batch dim {v.shape[0]} differs from q's {B}")
+    if k.shape[1] < 1 or H % k.shape[1]:
         raise ValueError(
-            f"attention: k's batch and head dims {tuple(k.shape[:2])} differ from q's {(B, H)}"
+            f"attention: k has {k.shape[1]} heads, which must divide q's {H} (grouped-query attention)"
         )
-    if v.shape[0] != B or v.shape[1] != H:
-        raise ValueError(
-            f"attention: v's batch and head dims {tuple(v.shape[:2])} differ from q's {(B, H)}"
-        )
+    if v.shape[1] != k.shape[1]:
+        raise ValueError(f"attention: v has {v.shape[1]} heads (dim 1) but k has {k.shape[1]}; they must match")
     if k.shape[3] != D:
         raise ValueError(f"attention: k's head dim {k.shape[3]} differs from q's {D}")
     if v.shape[2] != k.shape[2]:
@@ -533,46 +576,75 @@ def _check_inputs(q, k, v, causal, sm_scale) -> float:
         raise ValueError(f"attention: q's head dim D={D} is not supported (1 <= D <= {MAX_HEAD_DIM})")
     if not isinstance(causal, (bool, int)) or isinstance(causal, float):
         raise TypeError(f"attention: causal must be a bool, got {causal!r}")
-    if causal and n_q != k.shape[2]:
-        raise ValueError(
-            f"attention: causal=True needs Nq == Nk, got q with {n_q} rows and k with {k.shape[2]}"
-        )
+    window = _check_window(window)
     if sm_scale is None:
-        return 1.0 / math.sqrt(D)
+        return 1.0 / math.sqrt(D), window
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
         raise TypeError(f"attention: sm_scale must be a real number or None, got {sm_scale!r}")
     sm_scale = float(sm_scale)
     if not math.isfinite(sm_scale) or sm_scale <= 0.0:
         raise ValueError(f"attention: sm_scale must be finite and > 0, got {sm_scale!r}")
-    return sm_scale
+    return sm_scale, window
 
 
-def _forward(q, k, v, causal: bool, sm_scale: float):
+def _check_window(window) -> tuple[int, int]:
+    """``window`` as a pair of ints (left, right), each >= 0 or -1 (unbounded)."""
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"attention: window must be a pair (left, right) of ints, got {window!r}")
+    for side in window:
+        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
+            raise TypeError(f"attention: window must be a pair (left, right) of ints, got {window!r}")
+        if side < -1:
+            raise ValueError(f"attention: window sides must be >= 0 or -1 (unbounded), got {window!r}")
+    return int(window[0]), int(window[1])
+
+
+def _band(n_q: int, n_k: int, causal: bool, window: tuple[int, int]) -> tuple[bool, int, int]:
+    """(IS_BANDED, BAND_LO, BAND_HI): query i keeps keys i + BAND_LO <= j <= i + BAND_HI.
+
+    Masks align to the bottom right (flash-attention >= 2.1): row i's diagonal key is
+    i + diag, diag = Nk - Nq. window = (left, right) keeps diag - left .. diag + right
+    around it, causal caps right at 0. An unbounded side (-1) gets a bound past every
+    key: j >= i + diag - Nk holds for every j >= 0 since i + diag - Nk <= Nq - 1 - Nq < 0,
+    and j <= i + diag + Nq holds for every j < Nk since i + diag + Nq >= Nk."""
+    diag = n_k - n_q
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    banded = causal or left >= 0 or right >= 0
+    band_lo = diag - (left if left >= 0 else n_k)
+    band_hi = diag + (right if right >= 0 else n_q)
+    return banded, band_lo, band_hi
+
+
+def _forward(q, k, v, causal: bool, sm_scale: float, window: tuple[int, int]):
     B, H, n_q, D = q.shape
     n_k = k.shape[2]
     block_d = _block_d(D)
     block_m, block_n, num_warps = _fwd_config(q.dtype, block_d)
     fp16_dot, precision = _dot_mode(q.dtype)
+    banded, band_lo, band_hi = _band(n_q, n_k, causal, window)
     o = torch.empty((B, H, n_q, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(n_q, block_m), B * H)
     _attn_fwd_kernel[grid](
         q, k, v, o, lse,
         *_qkv_strides(q), *_qkv_strides(k), *_qkv_strides(v), *o.stride(),
-        H, n_q, n_k, D, sm_scale * LOG2E,
-        IS_CAUSAL=bool(causal), FP16_DOT=fp16_dot, DOT_PRECISION=precision,
+        H, H // k.shape[1], n_q, n_k, D, sm_scale * LOG2E, band_lo, band_hi,
+        IS_BANDED=banded, FP16_DOT=fp16_dot, DOT_PRECISION=precision,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=num_warps,
     )
     return o, lse
 
 
-def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float):
+def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, window: tuple[int, int]):
     B, H, n_q, D = q.shape
-    n_k = k.shape[2]
+    h_kv, n_k = k.shape[1], k.shape[2]
     block_d = _block_d(D)
     block_m, block_n, num_warps = _bwd_config(q.dtype, block_d)
     fp16_dot, precision = _dot_mode(q.dtype)
+    banded, band_lo, band_hi = _band(n_q, n_k, causal, window)
 
     delta = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
     pre_m = 16 if _interpreting() else 64
@@ -582,22 +654,22 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float):
     )
 
     dq = torch.empty((B, H, n_q, D), dtype=q.dtype, device=q.device)
-    dk = torch.empty((B, H, n_k, D), dtype=k.dtype, device=q.device)
-    dv = torch.empty((B, H, n_k, D), dtype=v.dtype, device=q.device)
+    dk = torch.empty((B, h_kv, n_k, D), dtype=k.dtype, device=q.device)
+    dv = torch.empty((B, h_kv, n_k, D), dtype=v.dtype, device=q.device)
     strides = (*_qkv_strides(q), *_qkv_strides(k), *_qkv_strides(v), *do.stride())
-    _attn_bwd_dkdv_kernel[(triton.cdiv(n_k, block_n), B * H)](
+    _attn_bwd_dkdv_kernel[(triton.cdiv(n_k, block_n), B * h_kv)](
         q, k, v, do, lse, delta, dk, dv,
         *strides, *dk.stride(),
-        H, n_q, n_k, D, sm_scale, sm_scale * LOG2E,
-        IS_CAUSAL=bool(causal), FP16_DOT=fp16_dot, DOT_PRECISION=precision,
+        H, H // h_kv, n_q, n_k, D, sm_scale, sm_scale * LOG2E, band_lo, band_hi,
+        IS_BANDED=banded, FP16_DOT=fp16_dot, DOT_PRECISION=precision,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=num_warps,
     )
     _attn_bwd_dq_kernel[(triton.cdiv(n_q, block_m), B * H)](
         q, k, v, do, lse, delta, dq,
         *strides, *dq.stride(),
-        H, n_q, n_k, D, sm_scale, sm_scale * LOG2E,
-        IS_CAUSAL=bool(causal), FP16_DOT=fp16_dot, DOT_PRECISION=precision,
+        H, H // h_kv, n_q, n_k, D, sm_scale, sm_scale * LOG2E, band_lo, band_hi,
+        IS_BANDED=banded, FP16_DOT=fp16_dot, DOT_PRECISION=precision,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=num_warps,
     )
@@ -606,11 +678,12 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float):
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale):
-        o, lse = _forward(q, k, v, causal, sm_scale)
+    def forward(ctx, q, k, v, causal, sm_scale, window):
+        o, lse = _forward(q, k, v, causal, sm_scale, window)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal = causal
         ctx.sm_scale = sm_scale
+        ctx.window = window
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -619,17 +692,17 @@ class _FlashAttention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         if do.dtype != q.dtype:
             do = do.to(q.dtype)
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale)
-        return dq, dk, dv, None, None
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale, ctx.window)
+        return dq, dk, dv, None, None, None
 
 
-def attention(q, k, v, causal=False, sm_scale=None):
+def attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1)):
     """Flash attention ``(o, lse)``; see the module docstring for the math and limits."""
-    scale = _check_inputs(q, k, v, causal, sm_scale)
+    scale, window = _check_inputs(q, k, v, causal, sm_scale, window)
     if q.device.type == "cuda":
         with torch.cuda.device(q.device):
-            return _FlashAttention.apply(q, k, v, bool(causal), scale)
-    return _FlashAttention.apply(q, k, v, bool(causal), scale)
+            return _FlashAttention.apply(q, k, v, bool(causal), scale, window)
+    return _FlashAttention.apply(q, k, v, bool(causal), scale, window)
 
 
 attention.dtypes = _DTYPES

@@ -49,20 +49,21 @@ accumulator_not_rescaled = mutant(
            "key_permutation_invariant", "split_kv_merge"),
 )
 
-# The shared causal-mask helper drops the diagonal: key j = i is masked too. Row 0 has
-# no key left (o = NaN, lse = -inf); other rows lose their own key. Future keys stay
+# The shared band-mask helper drops the band's upper edge, for causal calls the diagonal:
+# key j = i + Nk - Nq is masked too. Causal row 0 with Nq == Nk has no key left (o = 0,
+# lse = -inf, an empty row); other rows lose their own key. Future keys stay
 # masked, so causal_mask_respected / causal_gradient_respected / batch_heads_independent
-# fail only through row 0's NaN (NaN != NaN), which is not listed as a kill. Nor is
+# fail only through row 0 (now empty, o = 0), which is not listed as a kill. Nor is
 # online_lse_matches_full now that it compares the implementation's block-wise lse with its
 # own full one: the blocks drop the same diagonal, so the two agree (it survived all three
 # dtypes in the CI run of 2026-11-23).
 causal_off_by_one = mutant(
     "attention", _kernel,
-    [("return offs_n[None, :] <= offs_m[:, None]",
-      "return offs_n[None, :] < offs_m[:, None]")],
+    [("(offs_n[None, :] <= offs_m[:, None] + BAND_HI)",
+      "(offs_n[None, :] < offs_m[:, None] + BAND_HI)")],
     name="causal_off_by_one",
     bug="Causal mask j >= i instead of j > i (diagonal excluded; an off-by-one in the "
-        "mask comparison). Triggers on every causal input: row 0 becomes NaN, the "
+        "mask comparison). Triggers on every causal input: row 0 becomes empty, the "
         "other rows ignore their own key. Applies to forward and backward.",
     kills=("matches_reference", "gradients_match_reference"),
 )
@@ -72,8 +73,8 @@ causal_off_by_one = mutant(
 # the diagonal block), every other row does, e.g. row 0 sees key 1.
 causal_future_key_visible = mutant(
     "attention", _kernel,
-    [("return offs_n[None, :] <= offs_m[:, None]",
-      "return offs_n[None, :] <= offs_m[:, None] + 1")],
+    [("(offs_n[None, :] <= offs_m[:, None] + BAND_HI)",
+      "(offs_n[None, :] <= offs_m[:, None] + BAND_HI + 1)")],
     name="causal_future_key_visible",
     bug="Causal mask j > i + 1 instead of j > i: each query sees one future key "
         "(an off-by-one shifting the diagonal). Triggers on any causal input with "
@@ -87,8 +88,8 @@ causal_future_key_visible = mutant(
 # every gradient are wrong.
 lse_in_log2_units = mutant(
     "attention", _kernel,
-    [("lse = (m_i + tl.log2(l_i)) * _LN2  # natural log",
-      "lse = m_i + tl.log2(l_i)")],
+    [("(m_i + tl.log2(l_i)) * _LN2)  # natural log",
+      "m_i + tl.log2(l_i))")],
     name="lse_in_log2_units",
     bug="The log2-domain running statistics are stored without converting back to "
         "natural log (lse is log2(e) times too large; the exp2 trick leaking out). "
@@ -143,12 +144,42 @@ dk_missing_scale = mutant(
 # key j. The forward and dq are right.
 dkdv_causal_mask_missing = mutant(
     "attention", _kernel,
-    [("keep = keep & _causal_keep(offs_m, offs_n)", "keep = keep")],
+    [("keep = keep & _band_keep(offs_m, offs_n, BAND_LO, BAND_HI)", "keep = keep")],
     name="dkdv_causal_mask_missing",
     bug="Backward: the dk/dv kernel recomputes P without the causal mask (a mask "
         "applied in the forward but not repeated in the backward). Triggers on causal "
         "inputs with N >= 2: future keys get gradient from earlier queries.",
     kills=("gradients_match_reference", "causal_gradient_respected"),
+)
+
+# GQA: query head h reads KV head h % Hkv instead of h // (H / Hkv) (forward and dq; the
+# dk/dv kernel walks each KV head's own group). Heads interleaved instead of grouped: the
+# layout confusion between repeat and repeat_interleave. With Hkv = 1 (MQA) or Hkv = H
+# both maps agree, so only 1 < Hkv < H triggers it (e.g. H = 4, Hkv = 2: head 1 reads KV
+# head 1, not 0). Not key_permutation_invariant or batch_heads_independent: both compare
+# the kernel with itself, which reads the same wrong head twice.
+kv_head_interleaved = mutant(
+    "attention", _kernel,
+    [("return off_h // GROUP", "return off_h % (H // GROUP)")],
+    name="kv_head_interleaved",
+    bug="GQA: query head h reads KV head h % Hkv instead of h // (H / Hkv) (groups of "
+        "query heads interleaved instead of consecutive). Triggers when 1 < Hkv < H, e.g. "
+        "H = 4, Hkv = 2: every head reads another head's keys and values.",
+    kills=("matches_reference", "gradients_match_reference", "gqa_equals_repeated_kv"),
+)
+
+# The band's diagonal is aligned to the top left (row i's diagonal key is i) instead of the
+# bottom right (i + Nk - Nq): flash-attention < 2.1's causal convention. Identical when
+# Nq == Nk; with Nq < Nk each row misses its last Nk - Nq keys, with Nq > Nk no row is empty.
+causal_top_left = mutant(
+    "attention", _kernel,
+    [("diag = n_k - n_q", "diag = 0")],
+    name="causal_top_left",
+    bug="Causal mask aligned to the top left (j <= i) instead of the bottom right "
+        "(j <= i + Nk - Nq), the convention flash-attention changed in 2.1. Triggers on "
+        "causal calls with Nq != Nk (KV cache decoding, chunked prefill).",
+    kills=("matches_reference", "gradients_match_reference", "bottom_right_causal_is_last_rows",
+           "empty_rows_zero"),
 )
 
 MUTANTS = (
@@ -161,4 +192,6 @@ MUTANTS = (
     lse_ignores_batch_index,
     dk_missing_scale,
     dkdv_causal_mask_missing,
+    kv_head_interleaved,
+    causal_top_left,
 )
