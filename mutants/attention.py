@@ -182,6 +182,31 @@ causal_top_left = mutant(
            "empty_rows_zero"),
 )
 
+# The band's lower edge one key too far left: row i also sees key i + Nk - Nq - left - 1
+# (a `>=` written against the wrong bound, or left counted exclusive). Only windows with a
+# left bound trigger it (causal alone has none). Forward and backward (one shared helper).
+window_left_edge_off_by_one = mutant(
+    "attention", _kernel,
+    [("(offs_n[None, :] >= offs_m[:, None] + BAND_LO)", "(offs_n[None, :] >= offs_m[:, None] + BAND_LO - 1)")],
+    name="window_left_edge_off_by_one",
+    bug="Sliding window: the band's left edge is off by one, each row sees one key more than "
+        "window[0] to its left. Triggers on windowed calls with left >= 0 and a key past the "
+        "edge (e.g. window (3, -1), Nq = Nk = 8: row 4 sees key 0).",
+    kills=("matches_reference", "gradients_match_reference", "window_outside_keys_ignored"),
+)
+
+# A window side of 0 read as unbounded (an API where 0 means "no window"): window (Nk, 0)
+# becomes no mask at all, and so does causal (folded into the band as right = 0).
+window_zero_as_unbounded = mutant(
+    "attention", _kernel,
+    [("band_hi = diag + (right if right >= 0 else n_q)", "band_hi = diag + (right if right > 0 else n_q)")],
+    name="window_zero_as_unbounded",
+    bug="A window side of 0 is taken as unbounded (-1) instead of 'no key on that side': "
+        "window (left, 0) sees every later key, and causal (right = 0 in the band) masks "
+        "nothing. Triggers on causal calls and windows with a side of 0.",
+    kills=("matches_reference", "gradients_match_reference", "window_equivalences", "causal_mask_respected"),
+)
+
 MUTANTS = (
     padded_keys_scored_zero,
     accumulator_not_rescaled,
@@ -194,4 +219,6 @@ MUTANTS = (
     dkdv_causal_mask_missing,
     kv_head_interleaved,
     causal_top_left,
+    window_left_edge_off_by_one,
+    window_zero_as_unbounded,
 )

@@ -54,6 +54,10 @@ BLOCKS = (16, 32, 64)
 HEAD_DIMS_SMALL = (16, 32, 16, 32, 24, 64, 80, 128, 5)
 HEAD_DIMS_LARGE = (64, 128, 16, 32, 24, 80, 5, 1)
 SM_SCALES = (None, 0.5, 2.0, 1e-3)
+NO_WINDOW = (-1, -1)
+# (left, right) bands, -1 unbounded: none first (shrinks to it), a band of the diagonal key
+# alone, one-sided bands, and bands wider than the interpreter's blocks (16)
+WINDOWS = (NO_WINDOW, (0, 0), (3, -1), (-1, 2), (4, 1), (1, 4), (16, 0), (0, 17), (33, 7))
 QKV_FAMILIES = ("normal", "near_max", "tiny", "constant", "outlier", "offset")
 _BNHD = Layout(order=(0, 2, 1, 3))  # [B, N, H, D] storage seen as [B, H, N, D]
 _CONTIGUOUS = Layout(order=(0, 1, 2, 3))
@@ -110,33 +114,76 @@ def _late_max(draw, k: TensorSpec, cap: float) -> TensorSpec:
     return dataclasses.replace(k, injections=k.injections + tuple(extra))
 
 
+ARGS = ("q", "k", "v", "causal", "sm_scale")
+
+
+def case_args(params: dict) -> tuple[str, ...]:
+    """The positional arguments of a call: the original five, then ``window`` only when it
+    is not the default, so a kernel written before these arguments takes the plain cases."""
+    return ARGS + (("window",) if tuple(params.get("window", NO_WINDOW)) != NO_WINDOW else ())
+
+
+def window_of(case: Case) -> tuple[int, int]:
+    return tuple(case.params.get("window", NO_WINDOW))
+
+
+def with_params(case: Case, **params) -> Case:
+    """``case`` with scalar arguments changed (and its positional arguments to match)."""
+    new = {**case.params, **params}
+    return dataclasses.replace(case, args=case_args(new), params=new)
+
+
 @st.composite
 def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n: int = 1,
-                    min_bh: int = 1, limits: Limits = NO_LIMITS) -> Case:
-    """q [B, H, Nq, D], k and v [B, H, Nk, D]; causal forces Nq == Nk.
+                    min_bh: int = 1, limits: Limits = NO_LIMITS, gqa: bool | None = None,
+                    shape: str | None = None, windows: tuple | None = None) -> Case:
+    """q [B, H, Nq, D], k and v [B, Hkv, Nk, D] with Hkv | H.
 
     ``causal`` None draws it; ``min_n`` and ``min_bh`` are for properties that need
-    two keys (or rows) or two (batch, head) slices."""
+    two keys (or rows) or two (batch, head) slices. ``gqa`` True draws H = 4 and Hkv < H
+    (2 or 1: two KV heads shared by two query heads each trigger a wrong head map), None
+    any divisor of H. ``shape`` "wide" draws Nq < Nk, "tall" Nq > Nk, None either (Nq ==
+    Nk half the time when causal). ``windows``: the bands to draw from (None: WINDOWS)."""
     causal = draw(limits.choice("causal", (False, True) if causal is None else (causal,)))
+    window = draw(limits.choice("window", WINDOWS if windows is None else windows))
     n_max = CONFIG.pick(70, 2048)
-    n_q = draw((limits.joined("Nq", "Nk") if causal else limits).size("Nq", min_n, n_max, blocks=BLOCKS))
-    n_k = n_q if causal else draw(limits.size("Nk", min_n, n_max, blocks=BLOCKS))
+    square = shape is None and causal and draw(st.booleans())
+    n_q = draw((limits.joined("Nq", "Nk") if square else limits).size("Nq", min_n + (shape == "tall"),
+                                                                       n_max, blocks=BLOCKS))
+    if square:
+        n_k = n_q
+    elif shape == "wide":
+        n_k = draw(limits.size("Nk", n_q + 1, n_max + 1, blocks=BLOCKS))
+    elif shape == "tall":
+        n_k = draw(limits.size("Nk", min_n, n_q - 1, blocks=BLOCKS))
+    else:
+        n_k = draw(limits.size("Nk", min_n, n_max, blocks=BLOCKS))
     d = draw(limits.specialised_pick("attention", dtype, "D", CONFIG.pick(HEAD_DIMS_SMALL, HEAD_DIMS_LARGE)))
     work = CONFIG.pick(math.ceil(n_q / 16) * math.ceil(n_k / 16), n_q * n_k)
+    if gqa:
+        min_bh = max(min_bh, 4)
     max_bh = max(min_bh, CONFIG.pick(_TILE_BUDGET, _SCORE_BUDGET) // work)
-    b = draw(limits.specialised("attention", dtype, "B", 1, min(3, max_bh), span=(1, 3)))
+    b = 1 if gqa else draw(limits.specialised("attention", dtype, "B", 1, min(3, max_bh), span=(1, 3)))
     h_lo = max(1, math.ceil(min_bh / b))
-    h = draw(limits.specialised("attention", dtype, "H", h_lo, max(min(3, max_bh // b), h_lo), span=(1, 3)))
+    if gqa:
+        h, h_kv = 4, draw(st.sampled_from((2, 1)))
+    else:
+        h = draw(limits.specialised("attention", dtype, "H", h_lo, max(min(4, max_bh // b), h_lo), span=(1, 4)))
+        # Hkv = H first (plain multi-head attention is what a failure shrinks to)
+        h_kv = draw(st.sampled_from([n for n in range(h, 0, -1) if h % n == 0]))
     sm_scale = draw(limits.choice("sm_scale", SM_SCALES))
     scale = _resolved_scale(sm_scale, d)
     cap = qk_cap(dtype, d, scale)
     q = draw(_qkv((b, h, n_q, d), dtype, cap))
-    k = draw(_qkv((b, h, n_k, d), dtype, cap))
+    k = draw(_qkv((b, h_kv, n_k, d), dtype, cap))
     if n_k > 16 and draw(st.booleans()):
         k = draw(_late_max(k, cap))
-    v = draw(_qkv((b, h, n_k, d), dtype, v_cap(dtype, n_k)))
-    return Case("attention", str(dtype).replace("torch.", ""), ("q", "k", "v", "causal", "sm_scale"),
-                {"q": q, "k": k, "v": v}, {"causal": bool(causal), "sm_scale": sm_scale})
+    v = draw(_qkv((b, h_kv, n_k, d), dtype, v_cap(dtype, n_k)))
+    params = {"causal": bool(causal), "sm_scale": sm_scale}
+    if window != NO_WINDOW:
+        params["window"] = tuple(window)
+    return Case("attention", str(dtype).replace("torch.", ""), case_args(params),
+                {"q": q, "k": k, "v": v}, params)
 
 
 def _cases(**fixed):
@@ -159,22 +206,23 @@ def _scale_of(case: Case) -> float:
 
 def attention_tolerance(case, inputs64, expected, p):
     o, lse = rules.attention(inputs64["q"], inputs64["k"], inputs64["v"], expected["o"],
-                                 expected["lse"], case.params["causal"], _scale_of(case), p)
+                             expected["lse"], case.params["causal"], _scale_of(case), p, window_of(case))
     return {"o": o, "lse": lse}
 
 
 def attention_grad_tolerance(case, inputs64, outputs64, grads64, p):
     return rules.attention_grad(inputs64["q"], inputs64["k"], inputs64["v"], inputs64["do"],
-                                    outputs64["o"], outputs64["lse"], grads64["q"], grads64["k"],
-                                    grads64["v"], case.params["causal"], _scale_of(case), p)
+                                outputs64["o"], outputs64["lse"], grads64["q"], grads64["k"],
+                                grads64["v"], case.params["causal"], _scale_of(case), p, window_of(case))
 
 
 def _allowed(case: Case, impl: Implementation, values) -> tuple[dict, np.ndarray, np.ndarray]:
     """fp64 reference outputs on ``values`` and their allowed errors (o, lse)."""
     q, k, v = (to_numpy(values[n]) for n in ("q", "k", "v"))
-    causal, scale = case.params["causal"], _scale_of(case)
-    o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"])
-    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, scale, precision(impl, case))
+    causal, scale, window = values.get("causal", case.params["causal"]), _scale_of(case), \
+        tuple(values.get("window", window_of(case)))
+    o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"], window)
+    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, scale, precision(impl, case), window)
     return {"o": o, "lse": lse}, a_o, a_lse
 
 
@@ -186,15 +234,21 @@ def _backward_sums_in_domain(case: Case, q, k, v, do, o) -> None:
     P^T |dO|, in fp32 or the input dtype): the gradient, or a partial sum of it, cannot
     be held. Arguments are fp64 torch tensors; ``o`` is the fp64 reference output."""
     scale = _scale_of(case)
+    k_heads = k.shape[1]
+    k, v = ref.repeat_kv(k, q.shape[1]), ref.repeat_kv(v, q.shape[1])
     s = (q @ k.transpose(-1, -2)) * scale
-    if case.params["causal"]:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-    pr = torch.softmax(s, dim=-1)
+    visible = torch.from_numpy(ref.visible_pairs(s.shape[-2], s.shape[-1], case.params["causal"], window_of(case)))
+    # rows that see no key have P = 0 (the contract's o = 0), not a softmax of -inf
+    pr = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
     dp = do @ v.transpose(-1, -2)
     ds = (pr * (dp - (do * o).sum(-1, keepdim=True))).abs()
     big_scale = max(1.0, scale)  # the kernel multiplies by the scale after the sum
+
+    def group_sum(t):  # dk, dv of a shared KV head sum over its group of query heads
+        return t.reshape(t.shape[0], k_heads, -1, *t.shape[2:]).sum(dim=2)
+
     sums = (do.abs() @ v.abs().transpose(-1, -2), big_scale * (ds @ k.abs()),
-            big_scale * (ds.transpose(-1, -2) @ q.abs()), pr.transpose(-1, -2) @ do.abs())
+            group_sum(big_scale * (ds.transpose(-1, -2) @ q.abs())), group_sum(pr.transpose(-1, -2) @ do.abs()))
     big = max(float(t.max()) for t in sums)
     assume(math.isfinite(big) and big <= _fmax(getattr(torch, case.dtype)) / 8)
 
@@ -202,7 +256,7 @@ def _backward_sums_in_domain(case: Case, q, k, v, do, o) -> None:
 def _gradient_domain(case: Case, values) -> None:
     """:func:`_backward_sums_in_domain` on materialised ``values`` (q, k, v, do)."""
     q, k, v, do = (values[n].detach().to("cpu", torch.float64) for n in ("q", "k", "v", "do"))
-    o, _ = ref.attention_torch(q, k, v, case.params["causal"], case.params["sm_scale"])
+    o, _ = ref.attention_torch(q, k, v, case.params["causal"], case.params["sm_scale"], window_of(case))
     _backward_sums_in_domain(case, q, k, v, do, o)
 
 
@@ -228,6 +282,11 @@ def _row_of(case: Case, n: int) -> int:
     return case.tensors["k"].seed % max(n - 1, 1)
 
 
+def _diag(values: dict) -> int:
+    """Nk - Nq: query row i's diagonal key is i + diag (bottom-right alignment)."""
+    return values["k"].shape[-2] - values["q"].shape[-2]
+
+
 def _fresh(spec: TensorSpec, device) -> torch.Tensor:
     """Other values for a tensor: the same spec with another seed and no injections,
     in the same layout."""
@@ -240,28 +299,30 @@ def _relayout(spec: TensorSpec, values: torch.Tensor) -> torch.Tensor:
 
 
 def causal_mask_respected(case: Case, impl: Implementation) -> None:
-    """Causal: giving keys and values j > i fresh values leaves rows 0..i of o and lse
-    bitwise unchanged (a query never sees a future key)."""
+    """Causal: giving keys and values j > i + Nk - Nq fresh values leaves rows 0..i of o
+    and lse bitwise unchanged (a query never sees a key past its bottom-right diagonal)."""
     values, outs = run(case, impl)
     n = values["q"].shape[-2]
     i = _row_of(case, n)
+    first = max(0, i + _diag(values) + 1)  # the first key row i must not see
     changed = dict(values)
     for name in ("k", "v"):
         new = values[name].detach().clone()
-        new[..., i + 1:, :] = _fresh(case.tensors[name], new.device)[..., i + 1:, :]
+        new[..., first:, :] = _fresh(case.tensors[name], new.device)[..., first:, :]
         changed[name] = _relayout(case.tensors[name], new)
     _, outs2 = run(case, impl, changed)
-    what = f"changing keys/values j > {i} changed causal output rows <= {i}"
+    what = f"changing keys/values j >= {first} changed causal output rows <= {i}"
     assert_identical("o", outs["o"][..., :i + 1, :], outs2["o"][..., :i + 1, :], what)
     assert_identical("lse", outs["lse"][..., :i + 1], outs2["lse"][..., :i + 1], what)
 
 
 def causal_gradient_respected(case: Case, impl: Implementation) -> None:
     """Causal: with the upstream gradient zero except on row i of o, the gradients of
-    keys and values j > i are exactly zero, and so is dq outside row i."""
+    keys and values j > i + Nk - Nq are exactly zero, and so is dq outside row i."""
     values = case.materialise(backend.device())
     n = values["q"].shape[-2]
     i = _row_of(case, n)
+    first = max(0, i + _diag(values) + 1)  # the first key row i does not see
     do = values["do"].detach().clone()
     keep = torch.zeros_like(do)
     keep[..., i, :] = do[..., i, :]
@@ -272,9 +333,9 @@ def causal_gradient_respected(case: Case, impl: Implementation) -> None:
     require_grad_fn(OPS["attention"], impl, outs)
     dq, dk, dv = torch.autograd.grad(outs["o"], (values["q"], values["k"], values["v"]), keep)
     what = f"with the upstream gradient only on row {i}"
-    for name, g, rows in (("dk", dk, slice(i + 1, None)), ("dv", dv, slice(i + 1, None))):
-        part = g[..., rows, :]
-        assert_identical(name, torch.zeros_like(part), part, f"{what}, {name} of keys j > {i} is not zero")
+    for name, g in (("dk", dk), ("dv", dv)):
+        part = g[..., first:, :]
+        assert_identical(name, torch.zeros_like(part), part, f"{what}, {name} of keys j >= {first} is not zero")
     others = torch.ones(n, dtype=torch.bool, device=dq.device)
     others[i] = False
     part = dq[..., others, :]
@@ -300,26 +361,55 @@ def _sliced(values: dict, name: str, rows: slice) -> torch.Tensor:
     return values[name][..., rows, :].contiguous()
 
 
-def _block_call(case: Case, impl: Implementation, values: dict, q_rows: slice, keys: slice, causal: bool):
-    """impl on q[q_rows] against keys and values[keys]: o, lse and their allowances
-    (the derived rule for that call), fp64 NumPy."""
-    part = {**values, "causal": causal, "q": _sliced(values, "q", q_rows),
+def _block_call(case: Case, impl: Implementation, values: dict, q_rows: slice, keys: slice, causal: bool,
+                window: tuple[int, int]):
+    """impl on q[q_rows] against keys and values[keys], with the given mask: o, lse and
+    their allowances (the derived rule for that call), fp64 NumPy."""
+    sub = with_params(case, causal=causal, window=window)
+    part = {**values, "causal": causal, "window": window, "q": _sliced(values, "q", q_rows),
             "k": _sliced(values, "k", keys), "v": _sliced(values, "v", keys)}
-    _, outs = run(case, impl, part)
+    _, outs = run(sub, impl, part)
     q, k, v = (to_numpy(part[n]) for n in ("q", "k", "v"))
-    o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"])
-    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, _scale_of(case), precision(impl, case))
+    o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"], window)
+    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, _scale_of(case), precision(impl, case), window)
     return to_numpy(outs["o"]), to_numpy(outs["lse"]), a_o, a_lse
+
+
+def _block_calls(n_q: int, n_k: int, a: int, b: int, causal: bool, window: tuple[int, int]) -> list[tuple]:
+    """The calls (query rows, causal, window) that give every query row its part of the
+    attention over keys [a, b) alone; rows in none of them see no key of the block.
+
+    Row i sees keys i + diag - left .. i + diag + right (diag = Nk - Nq, causal: right <= 0).
+    Without a window: causal rows a - diag .. b - diag - 1 see a bottom-right causal
+    block (a causal call of those rows on keys [a, b): the call's own diagonal Nk' - Nq'
+    lands on the same keys, also when the rows are clipped at 0), later rows all of it (a
+    plain call), earlier rows none. With a window: one call of rows [0, c1) on keys [a, b)
+    with the band moved to the call's own diagonal, diag' = (b - a) - c1:
+    left' = left + b - c1 - diag, right' = right - b + c1 + diag; c1 = min(Nq, b - diag +
+    left) keeps both >= 0, and rows past c1 see no key of the block (i + diag - left >= b)."""
+    diag = n_k - n_q
+    if tuple(window) == NO_WINDOW:
+        if not causal:
+            return [(slice(0, n_q), False, NO_WINDOW)]
+        edge, full = max(0, a - diag), max(0, b - diag)
+        return [(slice(edge, full), True, NO_WINDOW), (slice(full, n_q), False, NO_WINDOW)]
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    c1 = n_q if left < 0 else min(n_q, b - diag + left)
+    if c1 <= 0:
+        return []
+    moved = (-1 if left < 0 else left + b - c1 - diag, -1 if right < 0 else right - b + c1 + diag)
+    return [(slice(0, c1), False, moved)]
 
 
 def _key_block_parts(case: Case, impl: Implementation, values: dict) -> list[tuple]:
     """For each block of keys [a, b) (cut at ``key_cuts``), every query row's (o_j, lse_j,
     allowance of o_j, allowance of lse_j) over that block alone, as the implementation
-    computes it. Causal (Nq == Nk): rows a..b-1 see a causal diagonal block (a causal
-    call on q, k, v[a:b]), rows >= b all of it (a non-causal call), rows < a none of it
-    (lse_j = -inf, weight 0): the block decomposition a causal FlashAttention runs."""
+    computes it (:func:`_block_calls`: the block decomposition a FlashAttention with a
+    bottom-right causal mask or a window runs). A row that sees no key of a block has
+    lse_j = -inf, weight 0."""
     n_q, n_k = values["q"].shape[-2], values["k"].shape[-2]
-    causal = case.params["causal"]
     edges = (0,) + tuple(case.params["key_cuts"]) + (n_k,)
     lead = values["q"].shape[:-2]
     parts = []
@@ -327,11 +417,11 @@ def _key_block_parts(case: Case, impl: Implementation, values: dict) -> list[tup
         o = np.zeros(lead + (n_q, values["v"].shape[-1]))
         lse = np.full(lead + (n_q,), -np.inf)
         a_o, a_lse = np.zeros_like(o), np.zeros_like(lse)
-        calls = [(slice(a, b), True), (slice(b, n_q), False)] if causal else [(slice(0, n_q), False)]
-        for rows, block_causal in calls:
+        for rows, block_causal, block_window in _block_calls(n_q, n_k, a, b, case.params["causal"],
+                                                            window_of(case)):
             if rows.stop > rows.start:
                 o[..., rows, :], lse[..., rows], a_o[..., rows, :], a_lse[..., rows] = _block_call(
-                    case, impl, values, rows, slice(a, b), block_causal)
+                    case, impl, values, rows, slice(a, b), block_causal, block_window)
         parts.append((o, lse, a_o, a_lse))
     return parts
 
@@ -342,7 +432,7 @@ def _online_merge(lses: list[np.ndarray]) -> np.ndarray:
     (lse_j = -inf) adds nothing."""
     m = np.full(lses[0].shape, -np.inf)
     s = np.zeros(lses[0].shape)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"):  # a row that sees no key: log(0) = -inf
         for lse_j in lses:
             m_new = np.maximum(m, lse_j)
             ref_m = np.where(np.isneginf(m_new), 0.0, m_new)
@@ -372,8 +462,9 @@ def online_lse_matches_full(case: Case, impl: Implementation) -> None:
 
 
 def split_kv_merge(case: Case, impl: Implementation) -> None:
-    """Non-causal: o over all keys equals the merge of o over blocks of the keys (drawn
-    cut points), each weighted by its share of the normaliser, w_j = e^{lse_j - lse},
+    """o over all keys equals the merge of o over blocks of the keys (drawn cut points;
+    causal and windowed calls split as :func:`_block_calls` says, bottom-right aligned),
+    each weighted by its share of the normaliser, w_j = e^{lse_j - lse},
     lse = logsumexp_j lse_j (flash-decoding's split-KV reduction, in fp64 from the
     implementation's own block results). The blocks are contiguous copies (the property
     is about the math, not about views). Allowance: the full call's derived o allowance,
@@ -382,7 +473,9 @@ def split_kv_merge(case: Case, impl: Implementation) -> None:
     values, outs = run(case, impl)
     parts = _key_block_parts(case, impl, values)
     lse = _online_merge([lse_j for _, lse_j, _, _ in parts])
-    weights = [np.exp(lse_j - lse)[..., None] for _, lse_j, _, _ in parts]
+    # a row that sees no key at all (lse = -inf) has weight 0 everywhere: o = 0
+    with np.errstate(invalid="ignore"):
+        weights = [np.where(np.isneginf(lse_j), 0.0, np.exp(lse_j - lse))[..., None] for _, lse_j, _, _ in parts]
     merged = sum(w * o_j for w, (o_j, _, _, _) in zip(weights, parts))
     lse_err = sum(w * a_lse_j[..., None] for w, (_, _, _, a_lse_j) in zip(weights, parts))
     carried = sum(w * (a_o_j + np.abs(o_j - merged) * (a_lse_j[..., None] + lse_err))
@@ -411,16 +504,17 @@ def key_permutation_invariant(case: Case, impl: Implementation) -> None:
 
 
 def batch_heads_independent(case: Case, impl: Implementation) -> None:
-    """The outputs of one (batch, head) slice are bitwise unchanged when q, k, v of
-    every other slice change."""
+    """The outputs of one (batch, head) slice are bitwise unchanged when q of every other
+    slice and k, v of every other (batch, KV head) slice change."""
     values, outs = run(case, impl)
     b_n, h_n = values["q"].shape[:2]
     pick = case.tensors["q"].seed % (b_n * h_n)
     b, h = divmod(pick, h_n)
+    h_kv = h // (h_n // values["k"].shape[1])  # the KV head query head h reads (GQA)
     changed = dict(values)
-    for name in ("q", "k", "v"):
+    for name, head in (("q", h), ("k", h_kv), ("v", h_kv)):
         new = _fresh(case.tensors[name], values[name].device).clone()
-        new[b, h] = values[name][b, h]
+        new[b, head] = values[name][b, head]
         changed[name] = _relayout(case.tensors[name], new)
     _, outs2 = run(case, impl, changed)
     what = f"slice (batch {b}, head {h}) changed when the other slices' inputs changed"
@@ -429,15 +523,172 @@ def batch_heads_independent(case: Case, impl: Implementation) -> None:
 
 
 def uniform_values_preserved(case: Case, impl: Implementation) -> None:
-    """With v all ones, o is all ones (each row of P sums to one), within the derived
-    tolerance for that v."""
+    """With v all ones, o is all ones (each row of P sums to one) in every row that sees a
+    key, and exactly 0 in a row that sees none, within the derived tolerance for that v."""
     values = case.materialise(backend.device())
     values["v"] = _relayout(case.tensors["v"], torch.ones(case.tensors["v"].shape, dtype=values["v"].dtype,
                                                          device=values["v"].device))
     _, outs = run(case, impl, values)
     _, a_o, _ = _allowed(case, impl, values)
-    assert_close("o", outs["o"], np.ones(outs["o"].shape), a_o, dtype=getattr(torch, case.dtype),
-                 record=False, what="v all ones did not give o all ones")
+    n_q, n_k = values["q"].shape[-2], values["k"].shape[-2]
+    sees = ref.visible_pairs(n_q, n_k, case.params["causal"], window_of(case)).any(axis=-1)
+    expected = np.broadcast_to(sees[:, None].astype(np.float64), outs["o"].shape)
+    a_o = np.where(sees[:, None], a_o, 0.0)  # an empty row is exactly 0
+    assert_close("o", outs["o"], expected, a_o, dtype=getattr(torch, case.dtype),
+                 record=False, what="v all ones did not give o all ones (0 in rows that see no key)")
+
+
+def _with_grads(case: Case, impl: Implementation, values: dict, **changes):
+    """impl's outputs and gradients (dq, dk, dv) of o with the upstream values["do"], on
+    ``values`` with ``changes`` (fresh leaves: the inputs' values, not their graph)."""
+    run_values = {**values, **changes}
+    for name in ("q", "k", "v"):
+        run_values[name] = run_values[name].detach().requires_grad_(True)
+    _, outs = run(case, impl, run_values)
+    require_grad_fn(OPS["attention"], impl, outs)
+    grads = torch.autograd.grad(outs["o"], (run_values["q"], run_values["k"], run_values["v"]), values["do"])
+    return {n: t.detach() for n, t in outs.items()}, dict(zip(("dq", "dk", "dv"), grads))
+
+
+def _reference_grads(case: Case, q, k, v, do) -> tuple[np.ndarray, np.ndarray, dict]:
+    """fp64 autograd reference: o, lse and the gradients (NumPy) for q, k, v, do given."""
+    q, k, v = (t.detach().to("cpu", torch.float64).requires_grad_(True) for t in (q, k, v))
+    o, lse = ref.attention_torch(q, k, v, case.params["causal"], case.params["sm_scale"], window_of(case))
+    grads = torch.autograd.grad(o, (q, k, v), do.detach().to("cpu", torch.float64))
+    return o.detach().numpy(), lse.detach().numpy(), {n: g.numpy() for n, g in zip(("q", "k", "v"), grads)}
+
+
+def gqa_equals_repeated_kv(case: Case, impl: Implementation) -> None:
+    """GQA (Hkv < H) equals multi-head attention on k, v repeated per group of query heads
+    (KV head h // (H / Hkv) at query head h): o and lse, and dq; the dk, dv of a shared KV
+    head equal the sum over its group of the repeated heads' dk, dv. Within the sum of
+    the two calls' derived allowances (each is within its own of the same exact value;
+    the repeated heads' allowances summed over the group)."""
+    values = case.materialise(backend.device())
+    _gradient_domain(case, values)
+    heads, kv_heads = values["q"].shape[1], values["k"].shape[1]
+    group = heads // kv_heads
+    outs, grads = _with_grads(case, impl, values)
+    k_rep, v_rep = (ref.repeat_kv(values[n].detach(), heads) for n in ("k", "v"))
+    outs2, grads2 = _with_grads(case, impl, values, k=k_rep, v=v_rep)
+    _, a_o, a_lse = _allowed(case, impl, values)
+    what = f"GQA with {kv_heads} KV heads for {heads} query heads != multi-head attention on repeated k, v"
+    dtype = getattr(torch, case.dtype)
+    assert_close("o", outs["o"], to_numpy(outs2["o"]), 2 * a_o, dtype=dtype, record=False, what=what)
+    assert_close("lse", outs["lse"], to_numpy(outs2["lse"]), 2 * a_lse, dtype=torch.float32, record=False, what=what)
+
+    q64, k64, v64, do64 = (to_numpy(values[n]) for n in ("q", "k", "v", "do"))
+    p = precision(impl, case)
+    args = (case.params["causal"], _scale_of(case), p, window_of(case))
+    o64, lse64, g64 = _reference_grads(case, values["q"], values["k"], values["v"], values["do"])
+    a_gqa = rules.attention_grad(q64, k64, v64, do64, o64, lse64, g64["q"], g64["k"], g64["v"], *args)
+    k64r, v64r = ref.repeat_kv(k64, heads), ref.repeat_kv(v64, heads)
+    _, _, g64r = _reference_grads(case, values["q"], k_rep, v_rep, values["do"])
+    a_rep = rules.attention_grad(q64, k64r, v64r, do64, o64, lse64, g64r["q"], g64r["k"], g64r["v"], *args)
+    assert_close("dq", grads["dq"], to_numpy(grads2["dq"]), a_gqa["dq"] + a_rep["dq"], dtype=dtype, record=False,
+                 what=what)
+    for name in ("dk", "dv"):
+        summed = rules._group_sum(to_numpy(grads2[name]), kv_heads)
+        # the fp64 sum of the group's rounded gradients: group - 1 additions
+        fp64_sum = (group - 1) * tolerance.unit_roundoff(torch.float64) * rules._group_sum(
+            np.abs(to_numpy(grads2[name])), kv_heads)
+        assert_close(name, grads[name], summed, a_gqa[name] + rules._group_sum(a_rep[name], kv_heads) + fp64_sum,
+                     dtype=dtype, record=False, what=f"{what}: {name} of a KV head != sum over its query heads")
+
+
+def bottom_right_causal_is_last_rows(case: Case, impl: Implementation) -> None:
+    """Causal with Nq < Nk (a KV cache: the queries are the last Nq positions) equals the
+    last Nq rows of the causal call on Nk queries whose last Nq rows are q (and the first
+    Nk - Nq fresh values), the window, if any, the same: o and lse within twice the
+    derived allowance (both are within it of the same exact value)."""
+    values, outs = run(case, impl)
+    n_q, n_k = values["q"].shape[-2], values["k"].shape[-2]
+    spec = case.tensors["q"]
+    longer = dataclasses.replace(spec, shape=spec.shape[:2] + (n_k,) + spec.shape[3:], seed=(spec.seed + 1) % 2**32,
+                                 injections=()).materialise(values["q"].device).clone()
+    longer[..., n_k - n_q:, :] = values["q"]
+    full_values = {**values, "q": _relayout(spec, longer)}
+    _, full = run(case, impl, full_values)
+    _, a_o, a_lse = _allowed(case, impl, values)
+    what = f"causal on {n_q} queries != the last {n_q} rows of causal on {n_k} queries (bottom-right alignment)"
+    assert_close("o", outs["o"], to_numpy(full["o"][..., n_k - n_q:, :]), 2 * a_o, dtype=getattr(torch, case.dtype),
+                 record=False, what=what)
+    assert_close("lse", outs["lse"], to_numpy(full["lse"][..., n_k - n_q:]), 2 * a_lse, dtype=torch.float32,
+                 record=False, what=what)
+
+
+def empty_rows_zero(case: Case, impl: Implementation) -> None:
+    """Causal with Nq > Nk: rows i < Nq - Nk (and any row a window leaves without a key)
+    see no key: o is exactly 0 and lse exactly -inf there, every gradient is finite (no
+    NaN from a 0/0 softmax), and dq of those rows is exactly 0."""
+    values = case.materialise(backend.device())
+    _gradient_domain(case, values)
+    n_q, n_k = values["q"].shape[-2], values["k"].shape[-2]
+    empty = torch.from_numpy(~ref.visible_pairs(n_q, n_k, True, window_of(case)).any(axis=-1))
+    outs, grads = _with_grads(case, impl, values)
+    rows = empty.to(outs["o"].device)
+    what = f"rows {torch.nonzero(empty).flatten().tolist()[:8]}... see no key"
+    part = outs["o"][..., rows, :]
+    assert_identical("o", torch.zeros_like(part), part, f"{what}: o is not 0 there")
+    part = outs["lse"][..., rows]
+    assert_identical("lse", torch.full_like(part, float("-inf")), part, f"{what}: lse is not -inf there")
+    for name, g in grads.items():
+        bad = ~torch.isfinite(g)
+        if bad.any():
+            raise AssertionError(f"{what}: {name} has {int(bad.sum())} non-finite elements of {g.numel()}, "
+                                 f"first at {torch.nonzero(bad)[0].tolist()}")
+    part = grads["dq"][..., rows, :]
+    assert_identical("dq", torch.zeros_like(part), part, f"{what}: their dq is not 0")
+
+
+def window_outside_keys_ignored(case: Case, impl: Implementation) -> None:
+    """With a window: row i's o and lse are bitwise unchanged when every key outside its
+    band is changed, its k to NaN, +inf, -inf or fresh values (a masked score is never
+    used, whatever the product gave), its v to fresh finite values. Not v to inf or NaN:
+    a FlashAttention multiplies a block's P, 0 at the masked keys, by the block's whole V,
+    and 0 * inf = NaN; the contract does not promise to mask V."""
+    values, outs = run(case, impl)
+    n_q, n_k = values["q"].shape[-2], values["k"].shape[-2]
+    i = case.tensors["k"].seed % n_q
+    outside = torch.from_numpy(~ref.visible_pairs(n_q, n_k, case.params["causal"], window_of(case))[i])
+    fill = (float("nan"), float("inf"), float("-inf"), None)[case.tensors["v"].seed % 4]
+    changed = dict(values)
+    for name in ("k", "v"):
+        new = values[name].detach().clone()
+        cols = outside.to(new.device)
+        fresh = _fresh(case.tensors[name], new.device)
+        new[..., cols, :] = fresh[..., cols, :] if fill is None or name == "v" else fill
+        changed[name] = _relayout(case.tensors[name], new)
+    _, outs2 = run(case, impl, changed)
+    what = (f"row {i}: changing the {int(outside.sum())} keys outside its band (window {window_of(case)}, "
+            f"k to {'fresh values' if fill is None else fill}) changed its output")
+    assert_identical("o", outs["o"][..., i, :], outs2["o"][..., i, :], what)
+    assert_identical("lse", outs["lse"][..., i], outs2["lse"][..., i], what)
+
+
+def window_equivalences(case: Case, impl: Implementation) -> None:
+    """window=(-1, -1) passed explicitly equals the call without a window, and window =
+    (Nk, 0) equals causal=True (a band reaching every earlier key, none later): o and lse
+    within twice the derived allowance (each is within it of the same exact value)."""
+    values, outs = run(case, impl)
+    n_k = values["k"].shape[-2]
+    explicit = dataclasses.replace(case, args=ARGS + ("window",), params={**case.params, "window": NO_WINDOW})
+    _, outs_explicit = run(explicit, impl, {**values, "window": NO_WINDOW})
+    causal = with_params(case, causal=True, window=NO_WINDOW)
+    _, outs_causal = run(causal, impl, {**values, "causal": True, "window": NO_WINDOW})
+    band = with_params(case, causal=False, window=(n_k, 0))
+    _, outs_band = run(band, impl, {**values, "causal": False, "window": (n_k, 0)})
+    dtype = getattr(torch, case.dtype)
+    _, a_o, a_lse = _allowed(case, impl, values)
+    assert_close("o", outs_explicit["o"], to_numpy(outs["o"]), 2 * a_o, dtype=dtype, record=False,
+                 what="window=(-1, -1) != no window")
+    assert_close("lse", outs_explicit["lse"], to_numpy(outs["lse"]), 2 * a_lse, dtype=torch.float32, record=False,
+                 what="window=(-1, -1) != no window")
+    _, a_o, a_lse = _allowed(causal, impl, {**values, "causal": True, "window": NO_WINDOW})
+    what = f"window=({n_k}, 0) != causal=True"
+    assert_close("o", outs_band["o"], to_numpy(outs_causal["o"]), 2 * a_o, dtype=dtype, record=False, what=what)
+    assert_close("lse", outs_band["lse"], to_numpy(outs_causal["lse"]), 2 * a_lse, dtype=torch.float32,
+                 record=False, what=what)
 
 
 def _output_shapes(case: Case) -> dict:
@@ -450,14 +701,19 @@ _checks = tuple(dataclasses.replace(c, run=gradients_match_reference) if c.name 
 
 register(OpSpec(
     name="attention",
-    signature="attention(q, k, v, causal=False, sm_scale=None) -> (o, lse)",
-    meaning="`q [B, H, Nq, D]`, `k`, `v` `[B, H, Nk, D]`; `sm_scale` defaults to `1/sqrt(D)`; "
-            "`o = softmax(q k^T * sm_scale [+ causal mask]) v`; `lse [B, H, Nq]` float32 is the natural-log "
-            "logsumexp of the scaled, masked scores of each row. Causal requires `Nq == Nk` and masks key `j > i`.",
-    scalars=("causal", "sm_scale"),
-    dims={"B": ("q", 0), "H": ("q", 1), "Nq": ("q", 2), "Nk": ("k", 2), "D": ("q", 3)},
-    choices={"causal": (False, True), "sm_scale": SM_SCALES},
-    arguments=("q", "k", "v", "causal", "sm_scale"),
+    signature="attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1)) -> (o, lse)",
+    meaning="`q [B, H, Nq, D]`, `k`, `v` `[B, Hkv, Nk, D]` with `H % Hkv == 0`: query head `h` reads KV head "
+            "`h // (H / Hkv)` (GQA; MQA is `Hkv = 1`); `sm_scale` defaults to `1/sqrt(D)`; "
+            "`o = softmax(q k^T * sm_scale [+ masks]) v`; `lse [B, H, Nq]` float32 is the natural-log "
+            "logsumexp of the scaled, masked scores of each row. Masks align to the bottom right "
+            "(flash-attention >= 2.1): causal keeps `j <= i + Nk - Nq`; `window = (left, right)` keeps "
+            "`i + Nk - Nq - left <= j <= i + Nk - Nq + right`, `-1` unbounded on that side; both may be given. "
+            "A row that sees no key returns `o = 0`, `lse = -inf` and zero gradients. The window argument is "
+            "passed only when it is not `(-1, -1)`.",
+    scalars=("causal", "sm_scale", "window"),
+    dims={"B": ("q", 0), "H": ("q", 1), "Hkv": ("k", 1), "Nq": ("q", 2), "Nk": ("k", 2), "D": ("q", 3)},
+    choices={"causal": (False, True), "sm_scale": SM_SCALES, "window": WINDOWS},
+    arguments=("q", "k", "v", "causal", "sm_scale", "window"),
     outputs=("o", "lse"),
     kernel="kernels.attention:attention",
     reference=ref.attention,
@@ -475,9 +731,20 @@ register(OpSpec(
               needs_backward=True, requires=lambda impl: None if impl.supports_backward
               else f"{impl.name} declares supports_backward = False"),
         Check("online_lse_matches_full", online_lse_matches_full, cases=_key_block_cases()),
-        Check("split_kv_merge", split_kv_merge, cases=_key_block_cases(causal=False)),
-        Check("key_permutation_invariant", key_permutation_invariant, cases=_cases(causal=False, min_n=2)),
+        Check("split_kv_merge", split_kv_merge, cases=_key_block_cases()),
+        Check("key_permutation_invariant", key_permutation_invariant,
+              cases=_cases(causal=False, min_n=2, windows=(NO_WINDOW,))),
         Check("batch_heads_independent", batch_heads_independent, cases=_cases(min_bh=2)),
         Check("uniform_values_preserved", uniform_values_preserved),
+        Check("gqa_equals_repeated_kv", gqa_equals_repeated_kv, cases=_upstream(gqa=True), needs_backward=True,
+              requires=lambda impl: None if impl.supports_backward
+              else f"{impl.name} declares supports_backward = False"),
+        Check("bottom_right_causal_is_last_rows", bottom_right_causal_is_last_rows,
+              cases=_cases(causal=True, shape="wide")),
+        Check("empty_rows_zero", empty_rows_zero, cases=_upstream(causal=True, shape="tall"), needs_backward=True,
+              requires=lambda impl: None if impl.supports_backward
+              else f"{impl.name} declares supports_backward = False"),
+        Check("window_outside_keys_ignored", window_outside_keys_ignored, cases=_cases(windows=WINDOWS[1:])),
+        Check("window_equivalences", window_equivalences, cases=_cases(causal=False, windows=(NO_WINDOW,))),
     ),
 ))

@@ -249,7 +249,7 @@ def test_gradient_of_expanded_grad_output():
 # --------------------------------------------------------------------------------------
 # Mutants: each builds and differs from the kernel on an input that triggers it
 # --------------------------------------------------------------------------------------
-# name -> (B, H, N_q, N_k, D, causal, layout, sm_scale[, Hkv])
+# name -> (B, H, N_q, N_k, D, causal, layout, sm_scale[, Hkv[, window]])
 TRIGGERS = {
     "padded_keys_scored_zero": (1, 1, 5, 10, 16, False, "contiguous", None),
     "accumulator_not_rescaled": (1, 2, 8, 150, 16, False, "contiguous", None),  # > 1 block on GPU too
@@ -262,6 +262,8 @@ TRIGGERS = {
     "dkdv_causal_mask_missing": (1, 1, 8, 8, 16, True, "contiguous", None),
     "kv_head_interleaved": (1, 4, 8, 8, 16, False, "contiguous", None, 2),  # H = 4, Hkv = 2
     "causal_top_left": (1, 1, 5, 12, 16, True, "contiguous", None),  # Nq < Nk
+    "window_left_edge_off_by_one": (1, 1, 8, 8, 16, False, "contiguous", None, 1, (3, -1)),
+    "window_zero_as_unbounded": (1, 1, 8, 8, 16, True, "contiguous", None),
 }
 
 
@@ -271,20 +273,21 @@ def test_every_mutant_has_a_trigger():
         assert getattr(mutants, m.name) is m and m.op == "attention" and m.kills
 
 
-def _run_with_grads(fn, q, k, v, causal, sm_scale, do):
+def _run_with_grads(fn, q, k, v, causal, sm_scale, do, window=(-1, -1)):
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    o, lse = fn(q, k, v, causal=causal, sm_scale=sm_scale)
+    o, lse = fn(q, k, v, causal=causal, sm_scale=sm_scale, window=window)
     grads = torch.autograd.grad(o, (q, k, v), do)
     return (o.detach(), lse.detach(), *grads)
 
 
 @pytest.mark.parametrize("name", sorted(TRIGGERS))
 def test_mutant_differs_on_trigger(name):
-    B, H, n_q, n_k, D, causal, layout, sm_scale, *h_kv = TRIGGERS[name]
-    q, k, v = _make(B, H, n_q, n_k, D, torch.float32, layout, seed=8, h_kv=(h_kv or [None])[0])
+    B, H, n_q, n_k, D, causal, layout, sm_scale, *rest = TRIGGERS[name]
+    h_kv, window = (rest + [None, (-1, -1)][len(rest):])[:2]
+    q, k, v = _make(B, H, n_q, n_k, D, torch.float32, layout, seed=8, h_kv=h_kv)
     do = torch.randn(B, H, n_q, D, generator=torch.Generator().manual_seed(9)).to(DEVICE)
-    good = _run_with_grads(attention, q, k, v, causal, sm_scale, do)
-    bad = _run_with_grads(getattr(mutants, name), q, k, v, causal, sm_scale, do)
+    good = _run_with_grads(attention, q, k, v, causal, sm_scale, do, window)
+    bad = _run_with_grads(getattr(mutants, name), q, k, v, causal, sm_scale, do, window)
     labels = ("o", "lse", "dq", "dk", "dv")
     forward_only = name in ("dk_missing_scale", "dkdv_causal_mask_missing")
     differs = [lab for lab, a, b in zip(labels, good, bad) if not torch.equal(a, b)]
