@@ -75,7 +75,7 @@ FP32_DOT_PRECISION = "ieee"
 
 # Integer arguments that change with every fuzzed shape: not specialised, so they do
 # not multiply the number of compiled variants.
-_NO_SPEC = ["H", "GROUP", "N_Q", "N_K", "BAND_LO", "BAND_HI"]
+_NO_SPEC = ["H", "GROUP", "N_Q", "N_K", "BAND_LO", "BAND_HI", "DIAG", "stride_ab", "stride_ah"]
 
 
 def _interpreting() -> bool:
@@ -111,6 +111,39 @@ def _band_keep(offs_m, offs_n, BAND_LO, BAND_HI):
 
 
 @triton.jit
+def _tanh(x):
+    """tanh(x) = 1 - 2 / (exp(2x) + 1) in fp32: exp(2x) = inf gives 1, exp(2x) = 0 gives -1,
+    so no NaN for any finite x. Absolute error: exp's EXP_ULPS u on e = exp(2x), then +1,
+    the division and 1 - y (each u): 2 / (e + 1) lies in (0, 2), so |error| <= 2 (EXP_ULPS
+    + 3) u + u. Near 0 that is all of it (the relative error of a tiny tanh is large)."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _scores(qk, offs_m, offs_n, sm_scale, qk_scale, softcap, slope, DIAG,
+            HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """Scores of a [BLOCK_M, BLOCK_N] tile of dot products qk, in log2 units, and the
+    softcap's t = tanh(s / softcap) (the backward's d s_capped / d s = 1 - t^2):
+        s = sm_scale qk;  softcap: s = softcap tanh(s / softcap);  ALiBi: s -= slope |i + diag - j|
+    (diag = Nk - Nq: the ALiBi distance is to the row's bottom-right diagonal key). Without
+    either, s log2(e) is one product with qk_scale = sm_scale log2(e), as before them."""
+    if HAS_SOFTCAP or HAS_ALIBI:
+        s = qk * sm_scale
+        t = s
+        if HAS_SOFTCAP:
+            t = _tanh(s / softcap)
+            s = softcap * t
+        if HAS_ALIBI:
+            dist = tl.abs(offs_m[:, None] + DIAG - offs_n[None, :]).to(tl.float32)  # exact below 2^24
+            s = s - slope * dist
+        s2 = s * _LOG2E
+    else:
+        s2 = qk * qk_scale
+        t = qk
+    return s2, t
+
+
+@triton.jit
 def _kv_head(off_h, H, GROUP):
     """The KV head a query head reads (GQA): query heads h of one group of GROUP = H / Hkv
     consecutive heads share KV head h // GROUP."""
@@ -139,7 +172,14 @@ def _attn_fwd_kernel(
     qk_scale,  # sm_scale * log2(e): scores in log2 units
     BAND_LO,  # banded calls keep keys i + BAND_LO <= j <= i + BAND_HI
     BAND_HI,
+    ALIBI,  # *[B, H] float32 ALiBi slopes (stride_ab 0 for [H]); unused without HAS_ALIBI
+    stride_ab, stride_ah,
+    sm_scale,  # natural-units scale (the softcap and ALiBi path)
+    softcap,  # > 0 with HAS_SOFTCAP
+    DIAG,  # Nk - Nq, the ALiBi distance's origin
     IS_BANDED: tl.constexpr,  # causal or a window: the band mask and loop bounds apply
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     FP16_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -168,6 +208,9 @@ def _attn_fwd_kernel(
         mask=m_valid[:, None] & d_valid[None, :], other=0.0,
     ).to(tl.float32)
 
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (log2 units)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(s - m_i)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # running sum of exp2(s - m_i) v
@@ -194,7 +237,8 @@ def _attn_fwd_kernel(
             mask=kv_mask, other=0.0,
         ).to(tl.float32)
 
-        s = _mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION) * qk_scale
+        s, _ = _scores(_mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION), offs_m, offs_kn, sm_scale, qk_scale,
+                       softcap, slope, DIAG, HAS_SOFTCAP, HAS_ALIBI)
         # keys past N_K score -inf: the identity of the max, weight exp2(-inf) = 0
         s = tl.where(n_valid[None, :], s, float("-inf"))
         if IS_BANDED:
@@ -286,7 +330,13 @@ def _attn_bwd_dkdv_kernel(
     qk_scale,  # sm_scale * log2(e)
     BAND_LO,  # banded calls keep keys i + BAND_LO <= j <= i + BAND_HI
     BAND_HI,
+    ALIBI,  # *[B, H] float32 ALiBi slopes (stride_ab 0 for [H]); unused without HAS_ALIBI
+    stride_ab, stride_ah,
+    softcap,  # > 0 with HAS_SOFTCAP
+    DIAG,  # Nk - Nq, the ALiBi distance's origin
     IS_BANDED: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     FP16_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -336,6 +386,9 @@ def _attn_bwd_dkdv_kernel(
         row0 = (off_b * H + off_h).to(tl.int64) * N_Q  # this head's rows of LSE and DELTA
         q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
         do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+        slope = 0.0
+        if HAS_ALIBI:
+            slope = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah)
         for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + offs_mb
             m_valid = offs_m < N_Q
@@ -354,7 +407,8 @@ def _attn_bwd_dkdv_kernel(
             # P recomputed from the saved LSE; padded rows and keys, and pairs outside the
             # band, get P = 0 (a row without any key has lse = -inf: s - lse is never formed
             # there, -inf - -inf would be NaN)
-            st = _mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION) * qk_scale
+            st, tt = _scores(_mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION), offs_m, offs_n, sm_scale, qk_scale,
+                             softcap, slope, DIAG, HAS_SOFTCAP, HAS_ALIBI)
             keep = m_valid[:, None] & n_valid[None, :]
             if IS_BANDED:
                 keep = keep & _band_keep(offs_m, offs_n, BAND_LO, BAND_HI)
@@ -365,6 +419,8 @@ def _attn_bwd_dkdv_kernel(
             dv += _mma(tl.trans(p), do, FP16_DOT, DOT_PRECISION)
             dp = _mma(do, tl.trans(v), FP16_DOT, DOT_PRECISION)
             ds = p * (dp - delta[:, None])
+            if HAS_SOFTCAP:
+                ds = ds * (1.0 - tt * tt)  # d softcap tanh(s / softcap) / d s
             dk += _mma(tl.trans(ds), q, FP16_DOT, DOT_PRECISION)
 
     dk = dk * sm_scale  # d s / d k = sm_scale * q
@@ -397,7 +453,13 @@ def _attn_bwd_dq_kernel(
     qk_scale,  # sm_scale * log2(e)
     BAND_LO,  # banded calls keep keys i + BAND_LO <= j <= i + BAND_HI
     BAND_HI,
+    ALIBI,  # *[B, H] float32 ALiBi slopes (stride_ab 0 for [H]); unused without HAS_ALIBI
+    stride_ab, stride_ah,
+    softcap,  # > 0 with HAS_SOFTCAP
+    DIAG,  # Nk - Nq, the ALiBi distance's origin
     IS_BANDED: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     FP16_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -433,6 +495,9 @@ def _attn_bwd_dq_kernel(
     k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
     v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah)
 
     if IS_BANDED:
         lo = tl.maximum(pid_m * BLOCK_M + BAND_LO, 0) // BLOCK_N * BLOCK_N
@@ -454,7 +519,8 @@ def _attn_bwd_dq_kernel(
             mask=kv_mask, other=0.0,
         ).to(tl.float32)
 
-        sq = _mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION) * qk_scale
+        sq, tq = _scores(_mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION), offs_m, offs_n, sm_scale, qk_scale,
+                         softcap, slope, DIAG, HAS_SOFTCAP, HAS_ALIBI)
         keep_q = m_valid[:, None] & n_valid[None, :]
         if IS_BANDED:
             keep_q = keep_q & _band_keep(offs_m, offs_n, BAND_LO, BAND_HI)
@@ -465,6 +531,8 @@ def _attn_bwd_dq_kernel(
 
         dp = _mma(do, tl.trans(v), FP16_DOT, DOT_PRECISION)
         ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - tq * tq)  # d softcap tanh(s / softcap) / d s
         dq += _mma(ds, k, FP16_DOT, DOT_PRECISION)
 
     dq = dq * sm_scale  # d s / d q = sm_scale * k
@@ -517,7 +585,7 @@ def _bwd_config(dtype: torch.dtype, block_d: int) -> tuple[int, int, int]:
     return 32, 32, 4
 
 
-def _check_inputs(q, k, v, causal, sm_scale, window) -> tuple[float, tuple[int, int]]:
+def _check_inputs(q, k, v, causal, sm_scale, window, alibi_slopes, softcap) -> tuple[float, tuple[int, int]]:
     """Validate the arguments of ``attention``; return the resolved sm_scale and window."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -577,6 +645,11 @@ def _check_inputs(q, k, v, causal, sm_scale, window) -> tuple[float, tuple[int, 
     if not isinstance(causal, (bool, int)) or isinstance(causal, float):
         raise TypeError(f"attention: causal must be a bool, got {causal!r}")
     window = _check_window(window)
+    _check_alibi(alibi_slopes, q)
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"attention: softcap must be a real number (0 = off), got {softcap!r}")
+    if not math.isfinite(float(softcap)) or softcap < 0:
+        raise ValueError(f"attention: softcap must be finite and >= 0 (0 = off), got {softcap!r}")
     if sm_scale is None:
         return 1.0 / math.sqrt(D), window
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
@@ -599,6 +672,34 @@ def _check_window(window) -> tuple[int, int]:
     return int(window[0]), int(window[1])
 
 
+def _check_alibi(slopes, q) -> None:
+    """ALiBi slopes: None, or a float32 tensor [H] or [B, H] on q's device, finite."""
+    if slopes is None:
+        return
+    if not isinstance(slopes, torch.Tensor):
+        raise TypeError(f"attention: alibi_slopes must be a torch.Tensor or None, got {type(slopes).__name__}")
+    if slopes.dtype != torch.float32:
+        raise TypeError(f"attention: alibi_slopes must be float32, got {slopes.dtype}")
+    B, H = q.shape[:2]
+    if tuple(slopes.shape) not in ((H,), (B, H)):
+        raise ValueError(f"attention: alibi_slopes must have shape [H] = [{H}] or [B, H] = [{B}, {H}], "
+                         f"got {tuple(slopes.shape)}")
+    if slopes.device != q.device:
+        raise ValueError(f"attention: alibi_slopes is on {slopes.device}, q on {q.device}")
+    if not bool(torch.isfinite(slopes).all()):
+        raise ValueError("attention: alibi_slopes must be finite")
+
+
+def _alibi_args(slopes, fallback) -> tuple:
+    """(pointer, stride_ab, stride_ah) of the ALiBi slopes; [H] has batch stride 0. Without
+    slopes a pointer that is never read (HAS_ALIBI False)."""
+    if slopes is None:
+        return fallback, 0, 0
+    if slopes.dim() == 1:
+        return slopes, 0, slopes.stride(0)
+    return slopes, slopes.stride(0), slopes.stride(1)
+
+
 def _band(n_q: int, n_k: int, causal: bool, window: tuple[int, int]) -> tuple[bool, int, int]:
     """(IS_BANDED, BAND_LO, BAND_HI): query i keeps keys i + BAND_LO <= j <= i + BAND_HI.
 
@@ -617,7 +718,7 @@ def _band(n_q: int, n_k: int, causal: bool, window: tuple[int, int]) -> tuple[bo
     return banded, band_lo, band_hi
 
 
-def _forward(q, k, v, causal: bool, sm_scale: float, window: tuple[int, int]):
+def _forward(q, k, v, causal: bool, sm_scale: float, window: tuple[int, int], alibi_slopes, softcap: float):
     B, H, n_q, D = q.shape
     n_k = k.shape[2]
     block_d = _block_d(D)
@@ -631,14 +732,17 @@ def _forward(q, k, v, causal: bool, sm_scale: float, window: tuple[int, int]):
         q, k, v, o, lse,
         *_qkv_strides(q), *_qkv_strides(k), *_qkv_strides(v), *o.stride(),
         H, H // k.shape[1], n_q, n_k, D, sm_scale * LOG2E, band_lo, band_hi,
-        IS_BANDED=banded, FP16_DOT=fp16_dot, DOT_PRECISION=precision,
+        *_alibi_args(alibi_slopes, lse), sm_scale, softcap or 1.0, n_k - n_q,
+        IS_BANDED=banded, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+        FP16_DOT=fp16_dot, DOT_PRECISION=precision,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=num_warps,
     )
     return o, lse
 
 
-def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, window: tuple[int, int]):
+def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, window: tuple[int, int], alibi_slopes,
+              softcap: float):
     B, H, n_q, D = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
     block_d = _block_d(D)
@@ -661,7 +765,9 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, window: tuple[
         q, k, v, do, lse, delta, dk, dv,
         *strides, *dk.stride(),
         H, H // h_kv, n_q, n_k, D, sm_scale, sm_scale * LOG2E, band_lo, band_hi,
-        IS_BANDED=banded, FP16_DOT=fp16_dot, DOT_PRECISION=precision,
+        *_alibi_args(alibi_slopes, lse), softcap or 1.0, n_k - n_q,
+        IS_BANDED=banded, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+        FP16_DOT=fp16_dot, DOT_PRECISION=precision,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=num_warps,
     )
@@ -669,7 +775,9 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, window: tuple[
         q, k, v, do, lse, delta, dq,
         *strides, *dq.stride(),
         H, H // h_kv, n_q, n_k, D, sm_scale, sm_scale * LOG2E, band_lo, band_hi,
-        IS_BANDED=banded, FP16_DOT=fp16_dot, DOT_PRECISION=precision,
+        *_alibi_args(alibi_slopes, lse), softcap or 1.0, n_k - n_q,
+        IS_BANDED=banded, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+        FP16_DOT=fp16_dot, DOT_PRECISION=precision,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=num_warps,
     )
@@ -678,31 +786,36 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, window: tuple[
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale, window):
-        o, lse = _forward(q, k, v, causal, sm_scale, window)
-        ctx.save_for_backward(q, k, v, o, lse)
+    def forward(ctx, q, k, v, causal, sm_scale, window, alibi_slopes, softcap):
+        o, lse = _forward(q, k, v, causal, sm_scale, window, alibi_slopes, softcap)
+        ctx.save_for_backward(q, k, v, o, lse, alibi_slopes)
         ctx.causal = causal
         ctx.sm_scale = sm_scale
         ctx.window = window
+        ctx.softcap = softcap
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
-        q, k, v, o, lse = ctx.saved_tensors
+        q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
         if do.dtype != q.dtype:
             do = do.to(q.dtype)
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale, ctx.window)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale, ctx.window, alibi_slopes,
+                               ctx.softcap)
+        return dq, dk, dv, None, None, None, None, None
 
 
-def attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1)):
-    """Flash attention ``(o, lse)``; see the module docstring for the math and limits."""
-    scale, window = _check_inputs(q, k, v, causal, sm_scale, window)
+def attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
+    """Flash attention ``(o, lse)``; see the module docstring for the math and limits.
+
+    The ALiBi slopes are not differentiated (no gradient is returned for them)."""
+    scale, window = _check_inputs(q, k, v, causal, sm_scale, window, alibi_slopes, softcap)
+    args = (q, k, v, bool(causal), scale, window, alibi_slopes, float(softcap))
     if q.device.type == "cuda":
         with torch.cuda.device(q.device):
-            return _FlashAttention.apply(q, k, v, bool(causal), scale, window)
-    return _FlashAttention.apply(q, k, v, bool(causal), scale, window)
+            return _FlashAttention.apply(*args)
+    return _FlashAttention.apply(*args)
 
 
 attention.dtypes = _DTYPES

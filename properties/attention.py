@@ -166,11 +166,13 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
     b = 1 if gqa else draw(limits.specialised("attention", dtype, "B", 1, min(3, max_bh), span=(1, 3)))
     h_lo = max(1, math.ceil(min_bh / b))
     if gqa:
-        h, h_kv = 4, draw(st.sampled_from((2, 1)))
+        h, h_kv = 4, draw(limits.pick("Hkv", (2, 1)))
     else:
         h = draw(limits.specialised("attention", dtype, "H", h_lo, max(min(4, max_bh // b), h_lo), span=(1, 4)))
-        # Hkv = H first (plain multi-head attention is what a failure shrinks to)
-        h_kv = draw(st.sampled_from([n for n in range(h, 0, -1) if h % n == 0]))
+        # Hkv = H first (plain multi-head attention is what a failure shrinks to); declared
+        # Hkv limits keep the divisors of H inside them
+        h_kv = draw(limits.pick("Hkv", [n for n in range(h, 0, -1) if h % n == 0
+                                        and n in limits.sizes.get("Hkv", (n,))]))
     sm_scale = draw(limits.choice("sm_scale", SM_SCALES))
     scale = _resolved_scale(sm_scale, d)
     cap = qk_cap(dtype, d, scale)

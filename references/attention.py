@@ -1,9 +1,11 @@
-"""fp64 references for ``attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1))
--> (o, lse)``.
+"""fp64 references for ``attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1),
+alibi_slopes=None, softcap=0.0) -> (o, lse)``.
 
     diag    = Nk - Nq                              (masks align to the bottom right)
     s[i, j] = sm_scale * q_i . k_(h // (H / Hkv)) j   (sm_scale defaults to 1 / sqrt(D);
                                                     query head h reads KV head h // group)
+    s[i, j] = softcap * tanh(s[i, j] / softcap)    if softcap > 0
+    s[i, j] -= slope[b, h] * |i + diag - j|        with alibi_slopes ([H] or [B, H])
     visible = j <= i + diag                        if causal
               i + diag - left <= j <= i + diag + right   for window = (left, right), -1 unbounded
     s[i, j] = -inf            where not visible
@@ -41,6 +43,27 @@ def visible_pairs(n_q: int, n_k: int, causal: bool = False, window=(-1, -1)) -> 
     return keep
 
 
+def alibi_bias(slopes, shape, n_q: int, n_k: int):
+    """fp64 ALiBi bias -slope |i + Nk - Nq - j| for scores of ``shape`` [B, H, Nq, Nk]
+    (NumPy), from slopes [H] or [B, H] (any array-like)."""
+    slopes = np.asarray(slopes, dtype=np.float64)
+    dist = np.abs(np.arange(n_q)[:, None] + (n_k - n_q) - np.arange(n_k)[None, :]).astype(np.float64)
+    return -np.broadcast_to(slopes.reshape(slopes.shape + (1, 1)), shape[:-2] + (1, 1)) * dist
+
+
+def _scores(raw, scale: float, softcap: float, slopes):
+    """Scores from dot products (NumPy or torch, fp64): scaled, softcapped, ALiBi-biased."""
+    s = raw * scale
+    if softcap:
+        s = softcap * (torch.tanh(s / softcap) if isinstance(s, torch.Tensor) else np.tanh(s / softcap))
+    if slopes is not None:
+        n_q, n_k = s.shape[-2], s.shape[-1]
+        slopes = slopes.detach().cpu().numpy() if isinstance(slopes, torch.Tensor) else slopes
+        bias = alibi_bias(slopes, tuple(s.shape), n_q, n_k)
+        s = s + (torch.from_numpy(np.ascontiguousarray(bias)).to(s.device) if isinstance(s, torch.Tensor) else bias)
+    return s
+
+
 def repeat_kv(t, heads: int):
     """k or v [B, Hkv, N, D] with each KV head repeated for its group of query heads:
     [B, heads, N, D] (NumPy array or torch tensor), KV head h // (heads / Hkv) at head h."""
@@ -50,7 +73,7 @@ def repeat_kv(t, heads: int):
     return np.repeat(t, group, axis=-3)
 
 
-def attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1)):
+def attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
     """NumPy float64 reference; takes array-likes, returns (o, lse) as float64 ndarrays."""
     q = np.asarray(q, dtype=np.float64)
     k = repeat_kv(np.asarray(k, dtype=np.float64), q.shape[-3])
@@ -58,7 +81,7 @@ def attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1)):
     n_q, n_k = q.shape[-2], k.shape[-2]
     scale = _scale(sm_scale, q.shape[-1])
 
-    scores = (q @ np.swapaxes(k, -1, -2)) * scale  # [..., Nq, Nk]
+    scores = _scores(q @ np.swapaxes(k, -1, -2), scale, softcap, alibi_slopes)  # [..., Nq, Nk]
     visible = visible_pairs(n_q, n_k, causal, tuple(window))
     scores = np.where(visible, scores, -np.inf)
 
@@ -78,7 +101,7 @@ def attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1)):
     return o, lse[..., 0]
 
 
-def attention_torch(q, k, v, causal=False, sm_scale=None, window=(-1, -1)):
+def attention_torch(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
     """PyTorch float64 reference, differentiable in q, k, v; returns (o, lse). A row that
     sees no key gives o = 0, lse = -inf and zero gradients (its softmax is never formed)."""
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
@@ -86,7 +109,7 @@ def attention_torch(q, k, v, causal=False, sm_scale=None, window=(-1, -1)):
     n_q, n_k = q.shape[-2], k.shape[-2]
     scale = _scale(sm_scale, q.shape[-1])
 
-    scores = (q @ k.transpose(-1, -2)) * scale
+    scores = _scores(q @ k.transpose(-1, -2), scale, softcap, alibi_slopes)
     visible = torch.from_numpy(visible_pairs(n_q, n_k, causal, tuple(window))).to(q.device)
     scores = scores.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
