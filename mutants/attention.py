@@ -157,7 +157,9 @@ dkdv_causal_mask_missing = mutant(
 # layout confusion between repeat and repeat_interleave. With Hkv = 1 (MQA) or Hkv = H
 # both maps agree, so only 1 < Hkv < H triggers it (e.g. H = 4, Hkv = 2: head 1 reads KV
 # head 1, not 0). Not key_permutation_invariant or batch_heads_independent: both compare
-# the kernel with itself, which reads the same wrong head twice.
+# the kernel with itself, which reads the same wrong head twice. Not claimed for
+# gradients_match_reference: its cases draw H = 4 with Hkv = 2 too rarely (it survived
+# all three dtypes in the first self-test run); gqa_equals_repeated_kv draws it always.
 kv_head_interleaved = mutant(
     "attention", _kernel,
     [("return off_h // GROUP", "return off_h % (H // GROUP)")],
@@ -165,7 +167,7 @@ kv_head_interleaved = mutant(
     bug="GQA: query head h reads KV head h % Hkv instead of h // (H / Hkv) (groups of "
         "query heads interleaved instead of consecutive). Triggers when 1 < Hkv < H, e.g. "
         "H = 4, Hkv = 2: every head reads another head's keys and values.",
-    kills=("matches_reference", "gradients_match_reference", "gqa_equals_repeated_kv"),
+    kills=("matches_reference", "gqa_equals_repeated_kv"),
 )
 
 # The band's diagonal is aligned to the top left (row i's diagonal key is i) instead of the
@@ -207,6 +209,54 @@ window_zero_as_unbounded = mutant(
     kills=("matches_reference", "gradients_match_reference", "window_equivalences", "causal_mask_respected"),
 )
 
+# ALiBi's bias added instead of subtracted: far keys gain weight (a sign convention mixed
+# up between a bias and a penalty).
+alibi_sign_flipped = mutant(
+    "attention", _kernel,
+    [("s = s - slope * dist", "s = s + slope * dist")],
+    name="alibi_sign_flipped",
+    bug="ALiBi: s += slope |i + Nk - Nq - j| instead of -= (bias sign flipped). Triggers on "
+        "any call with nonzero slopes and Nk >= 2.",
+    kills=("matches_reference", "gradients_match_reference", "alibi_shift_invariant"),
+)
+
+# ALiBi's distance measured from the top-left diagonal (|i - j|) instead of the row's own
+# bottom-right one (|i + Nk - Nq - j|): the same when Nq == Nk.
+alibi_distance_top_left = mutant(
+    "attention", _kernel,
+    [("tl.abs(offs_m[:, None] + DIAG - offs_n[None, :])", "tl.abs(offs_m[:, None] - offs_n[None, :])")],
+    name="alibi_distance_top_left",
+    bug="ALiBi distance |i - j| instead of |i + Nk - Nq - j| (the origin of the distance is "
+        "the top-left diagonal while the causal mask is bottom-right). Triggers on ALiBi "
+        "calls with Nq != Nk (decoding with a KV cache).",
+    kills=("matches_reference", "gradients_match_reference", "alibi_shift_invariant"),
+)
+
+# Softcap applied to the raw dot product, scaled afterwards: sm_scale c tanh(q.k / c)
+# instead of c tanh(sm_scale q.k / c) (the cap then bounds scores at sm_scale c).
+softcap_before_scale = mutant(
+    "attention", _kernel,
+    [("t = _tanh(s / softcap)", "t = _tanh(qk / softcap)"),
+     ("s = softcap * t", "s = sm_scale * softcap * t")],
+    name="softcap_before_scale",
+    bug="Softcap applied before the softmax scale: sm_scale c tanh(q.k / c) instead of "
+        "c tanh(sm_scale q.k / c) (the order of scale and cap swapped). Triggers on "
+        "softcapped calls whose scores reach the cap's curved part, with sm_scale != 1.",
+    kills=("matches_reference", "gradients_match_reference"),
+)
+
+# The scores path taken with a softcap or ALiBi drops sm_scale (the plain path folds it
+# into qk_scale, so plain calls stay right).
+scale_dropped_with_modifiers = mutant(
+    "attention", _kernel,
+    [("        s = qk * sm_scale\n        t = s", "        s = qk\n        t = s")],
+    name="scale_dropped_with_modifiers",
+    bug="With a softcap or ALiBi the kernel's separate score path forgets sm_scale (a "
+        "second code path not kept in step with the first). Triggers on any call with "
+        "ALiBi slopes or softcap > 0 and sm_scale != 1.",
+    kills=("matches_reference", "gradients_match_reference", "alibi_zero_slopes_plain", "softcap_large_cap_plain"),
+)
+
 MUTANTS = (
     padded_keys_scored_zero,
     accumulator_not_rescaled,
@@ -221,4 +271,8 @@ MUTANTS = (
     causal_top_left,
     window_left_edge_off_by_one,
     window_zero_as_unbounded,
+    alibi_sign_flipped,
+    alibi_distance_top_left,
+    softcap_before_scale,
+    scale_dropped_with_modifiers,
 )

@@ -58,6 +58,9 @@ NO_WINDOW = (-1, -1)
 # (left, right) bands, -1 unbounded: none first (shrinks to it), a band of the diagonal key
 # alone, one-sided bands, and bands wider than the interpreter's blocks (16)
 WINDOWS = (NO_WINDOW, (0, 0), (3, -1), (-1, 2), (4, 1), (1, 4), (16, 0), (0, 17), (33, 7))
+# softcap 0 = off first; caps that saturate typical scores (0.25), Gemma's 30 and 50, one far above
+SOFTCAPS = (0.0, 30.0, 4.0, 0.25, 50.0, 1e4)
+ALIBI_SCALES = (0.5, 0.0625, 1e-3)  # slopes ~ N(0, scale^2): ALiBi's are 2^-1 .. 2^-8
 QKV_FAMILIES = ("normal", "near_max", "tiny", "constant", "outlier", "offset")
 _BNHD = Layout(order=(0, 2, 1, 3))  # [B, N, H, D] storage seen as [B, H, N, D]
 _CONTIGUOUS = Layout(order=(0, 1, 2, 3))
@@ -115,12 +118,22 @@ def _late_max(draw, k: TensorSpec, cap: float) -> TensorSpec:
 
 
 ARGS = ("q", "k", "v", "causal", "sm_scale")
+EXTRA_ARGS = ("window", "alibi_slopes", "softcap")  # in the contract's order, after ARGS
+_DEFAULTS = {"window": NO_WINDOW, "alibi_slopes": None, "softcap": 0.0}
 
 
-def case_args(params: dict) -> tuple[str, ...]:
-    """The positional arguments of a call: the original five, then ``window`` only when it
-    is not the default, so a kernel written before these arguments takes the plain cases."""
-    return ARGS + (("window",) if tuple(params.get("window", NO_WINDOW)) != NO_WINDOW else ())
+def case_args(params: dict, tensors=()) -> tuple[str, ...]:
+    """The positional arguments of a call: the original five, then the newer ones up to the
+    last that is not its default, so a kernel written before them takes the plain cases."""
+    used = {"window": tuple(params.get("window", NO_WINDOW)) != NO_WINDOW, "alibi_slopes": "alibi_slopes" in tensors,
+            "softcap": params.get("softcap", 0.0) != 0.0}
+    last = max((i for i, name in enumerate(EXTRA_ARGS) if used[name]), default=-1)
+    return ARGS + EXTRA_ARGS[:last + 1]
+
+
+def _complete(params: dict, args: tuple[str, ...], tensors) -> dict:
+    """``params`` with the defaults of positional arguments that are neither set nor tensors."""
+    return {**{a: _DEFAULTS[a] for a in args if a in _DEFAULTS and a not in tensors}, **params}
 
 
 def window_of(case: Case) -> tuple[int, int]:
@@ -130,20 +143,37 @@ def window_of(case: Case) -> tuple[int, int]:
 def with_params(case: Case, **params) -> Case:
     """``case`` with scalar arguments changed (and its positional arguments to match)."""
     new = {**case.params, **params}
-    return dataclasses.replace(case, args=case_args(new), params=new)
+    args = case_args(new, case.tensors)
+    return dataclasses.replace(case, args=args, params=_complete(new, args, case.tensors))
+
+
+def mods(case: Case, values: dict | None = None) -> dict:
+    """The score modifiers of a case for the references and rules: ALiBi slopes (fp64
+    NumPy, from ``values`` when given, else materialised) and softcap."""
+    slopes = None
+    if "alibi_slopes" in case.tensors:
+        t = values["alibi_slopes"] if values is not None and "alibi_slopes" in values else \
+            case.tensors["alibi_slopes"].materialise("cpu")
+        slopes = to_numpy(t) if t is not None else None
+    softcap = values.get("softcap", case.params.get("softcap", 0.0)) if values is not None else \
+        case.params.get("softcap", 0.0)
+    return {"alibi_slopes": slopes, "softcap": float(softcap)}
 
 
 @st.composite
 def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n: int = 1,
                     min_bh: int = 1, limits: Limits = NO_LIMITS, gqa: bool | None = None,
-                    shape: str | None = None, windows: tuple | None = None) -> Case:
+                    shape: str | None = None, windows: tuple | None = None, alibi: bool | None = None,
+                    softcaps: tuple | None = None, max_d: int = 128, sm_scales: tuple | None = None) -> Case:
     """q [B, H, Nq, D], k and v [B, Hkv, Nk, D] with Hkv | H.
 
     ``causal`` None draws it; ``min_n`` and ``min_bh`` are for properties that need
     two keys (or rows) or two (batch, head) slices. ``gqa`` True draws H = 4 and Hkv < H
     (2 or 1: two KV heads shared by two query heads each trigger a wrong head map), None
     any divisor of H. ``shape`` "wide" draws Nq < Nk, "tall" Nq > Nk, None either (Nq ==
-    Nk half the time when causal). ``windows``: the bands to draw from (None: WINDOWS)."""
+    Nk half the time when causal). ``windows``, ``softcaps``: the values to draw from (None:
+    WINDOWS, SOFTCAPS); ``alibi`` True or False forces ALiBi slopes ([H] or [B, H], float32)
+    on or off, None draws it; ``max_d`` caps the head dim."""
     causal = draw(limits.choice("causal", (False, True) if causal is None else (causal,)))
     window = draw(limits.choice("window", WINDOWS if windows is None else windows))
     n_max = CONFIG.pick(70, 2048)
@@ -158,7 +188,8 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
         n_k = draw(limits.size("Nk", min_n, n_q - 1, blocks=BLOCKS))
     else:
         n_k = draw(limits.size("Nk", min_n, n_max, blocks=BLOCKS))
-    d = draw(limits.specialised_pick("attention", dtype, "D", CONFIG.pick(HEAD_DIMS_SMALL, HEAD_DIMS_LARGE)))
+    d = draw(limits.specialised_pick("attention", dtype, "D", [n for n in CONFIG.pick(HEAD_DIMS_SMALL, HEAD_DIMS_LARGE)
+                                                               if n <= max_d]))
     work = CONFIG.pick(math.ceil(n_q / 16) * math.ceil(n_k / 16), n_q * n_k)
     if gqa:
         min_bh = max(min_bh, 4)
@@ -173,7 +204,7 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
         # Hkv limits keep the divisors of H inside them
         h_kv = draw(limits.pick("Hkv", [n for n in range(h, 0, -1) if h % n == 0
                                         and n in limits.sizes.get("Hkv", (n,))]))
-    sm_scale = draw(limits.choice("sm_scale", SM_SCALES))
+    sm_scale = draw(limits.choice("sm_scale", SM_SCALES if sm_scales is None else sm_scales))
     scale = _resolved_scale(sm_scale, d)
     cap = qk_cap(dtype, d, scale)
     q = draw(_qkv((b, h, n_q, d), dtype, cap))
@@ -181,11 +212,15 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
     if n_k > 16 and draw(st.booleans()):
         k = draw(_late_max(k, cap))
     v = draw(_qkv((b, h_kv, n_k, d), dtype, v_cap(dtype, n_k)))
-    params = {"causal": bool(causal), "sm_scale": sm_scale}
-    if window != NO_WINDOW:
-        params["window"] = tuple(window)
-    return Case("attention", str(dtype).replace("torch.", ""), case_args(params),
-                {"q": q, "k": k, "v": v}, params)
+    softcap = draw(limits.choice("softcap", SOFTCAPS if softcaps is None else softcaps))
+    specs = {"q": q, "k": k, "v": v}
+    if draw(st.booleans()) if alibi is None else alibi:
+        shape_ab = (b, h) if draw(st.booleans()) else (h,)
+        specs["alibi_slopes"] = draw(tensors(shape_ab, torch.float32, scales=ALIBI_SCALES, layout=False))
+    params = {"causal": bool(causal), "sm_scale": sm_scale, "window": tuple(window), "softcap": softcap}
+    args = case_args(params, specs)
+    params = {name: value for name, value in params.items() if name in args}
+    return Case("attention", str(dtype).replace("torch.", ""), args, specs, _complete(params, args, specs))
 
 
 def _cases(**fixed):
@@ -208,14 +243,16 @@ def _scale_of(case: Case) -> float:
 
 def attention_tolerance(case, inputs64, expected, p):
     o, lse = rules.attention(inputs64["q"], inputs64["k"], inputs64["v"], expected["o"],
-                             expected["lse"], case.params["causal"], _scale_of(case), p, window_of(case))
+                             expected["lse"], case.params["causal"], _scale_of(case), p, window_of(case),
+                             **mods(case, inputs64))
     return {"o": o, "lse": lse}
 
 
 def attention_grad_tolerance(case, inputs64, outputs64, grads64, p):
     return rules.attention_grad(inputs64["q"], inputs64["k"], inputs64["v"], inputs64["do"],
                                 outputs64["o"], outputs64["lse"], grads64["q"], grads64["k"],
-                                grads64["v"], case.params["causal"], _scale_of(case), p, window_of(case))
+                                grads64["v"], case.params["causal"], _scale_of(case), p, window_of(case),
+                                **mods(case, inputs64))
 
 
 def _allowed(case: Case, impl: Implementation, values) -> tuple[dict, np.ndarray, np.ndarray]:
@@ -223,8 +260,9 @@ def _allowed(case: Case, impl: Implementation, values) -> tuple[dict, np.ndarray
     q, k, v = (to_numpy(values[n]) for n in ("q", "k", "v"))
     causal, scale, window = values.get("causal", case.params["causal"]), _scale_of(case), \
         tuple(values.get("window", window_of(case)))
-    o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"], window)
-    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, scale, precision(impl, case), window)
+    extra = mods(case, values)
+    o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"], window, **extra)
+    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, scale, precision(impl, case), window, **extra)
     return {"o": o, "lse": lse}, a_o, a_lse
 
 
@@ -238,7 +276,7 @@ def _backward_sums_in_domain(case: Case, q, k, v, do, o) -> None:
     scale = _scale_of(case)
     k_heads = k.shape[1]
     k, v = ref.repeat_kv(k, q.shape[1]), ref.repeat_kv(v, q.shape[1])
-    s = (q @ k.transpose(-1, -2)) * scale
+    s = ref._scores(q @ k.transpose(-1, -2), scale, **mods(case))
     visible = torch.from_numpy(ref.visible_pairs(s.shape[-2], s.shape[-1], case.params["causal"], window_of(case)))
     # rows that see no key have P = 0 (the contract's o = 0), not a softmax of -inf
     pr = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
@@ -258,7 +296,8 @@ def _backward_sums_in_domain(case: Case, q, k, v, do, o) -> None:
 def _gradient_domain(case: Case, values) -> None:
     """:func:`_backward_sums_in_domain` on materialised ``values`` (q, k, v, do)."""
     q, k, v, do = (values[n].detach().to("cpu", torch.float64) for n in ("q", "k", "v", "do"))
-    o, _ = ref.attention_torch(q, k, v, case.params["causal"], case.params["sm_scale"], window_of(case))
+    o, _ = ref.attention_torch(q, k, v, case.params["causal"], case.params["sm_scale"], window_of(case),
+                               **mods(case, values))
     _backward_sums_in_domain(case, q, k, v, do, o)
 
 
@@ -348,7 +387,9 @@ def causal_gradient_respected(case: Case, impl: Implementation) -> None:
 def _key_blocks(draw, op: OpSpec, dtype: torch.dtype, causal: bool | None = None) -> Case:
     """Attention cases with >= 2 keys and 1-2 cut points splitting the keys into blocks
     (``params["key_cuts"]``, not an argument of the op)."""
-    case = draw(op.cases(dtype, causal=causal, min_n=2))  # op.cases: inside the declared limits
+    # ALiBi's distance is to the call's own diagonal: a block call would measure it from
+    # another origin, so these split checks draw no ALiBi
+    case = draw(op.cases(dtype, causal=causal, min_n=2, alibi=False))  # op.cases: inside the declared limits
     n_k = case.tensors["k"].shape[-2]
     # one or two cuts: two to three blocks (each block is one more kernel call, two when causal)
     cuts = draw(st.lists(st.integers(1, n_k - 1), min_size=1, max_size=2, unique=True))
@@ -370,10 +411,11 @@ def _block_call(case: Case, impl: Implementation, values: dict, q_rows: slice, k
     sub = with_params(case, causal=causal, window=window)
     part = {**values, "causal": causal, "window": window, "q": _sliced(values, "q", q_rows),
             "k": _sliced(values, "k", keys), "v": _sliced(values, "v", keys)}
-    _, outs = run(sub, impl, part)
+    _, outs = run(sub, impl, _values_for(sub, part))
     q, k, v = (to_numpy(part[n]) for n in ("q", "k", "v"))
-    o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"], window)
-    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, _scale_of(case), precision(impl, case), window)
+    extra = mods(case, values)
+    o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"], window, **extra)
+    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, _scale_of(case), precision(impl, case), window, **extra)
     return to_numpy(outs["o"]), to_numpy(outs["lse"]), a_o, a_lse
 
 
@@ -555,7 +597,8 @@ def _with_grads(case: Case, impl: Implementation, values: dict, **changes):
 def _reference_grads(case: Case, q, k, v, do) -> tuple[np.ndarray, np.ndarray, dict]:
     """fp64 autograd reference: o, lse and the gradients (NumPy) for q, k, v, do given."""
     q, k, v = (t.detach().to("cpu", torch.float64).requires_grad_(True) for t in (q, k, v))
-    o, lse = ref.attention_torch(q, k, v, case.params["causal"], case.params["sm_scale"], window_of(case))
+    o, lse = ref.attention_torch(q, k, v, case.params["causal"], case.params["sm_scale"], window_of(case),
+                                 **mods(case))
     grads = torch.autograd.grad(o, (q, k, v), do.detach().to("cpu", torch.float64))
     return o.detach().numpy(), lse.detach().numpy(), {n: g.numpy() for n, g in zip(("q", "k", "v"), grads)}
 
@@ -581,7 +624,8 @@ def gqa_equals_repeated_kv(case: Case, impl: Implementation) -> None:
 
     q64, k64, v64, do64 = (to_numpy(values[n]) for n in ("q", "k", "v", "do"))
     p = precision(impl, case)
-    args = (case.params["causal"], _scale_of(case), p, window_of(case))
+    args = (case.params["causal"], _scale_of(case), p, window_of(case), mods(case)["alibi_slopes"],
+            mods(case)["softcap"])
     o64, lse64, g64 = _reference_grads(case, values["q"], values["k"], values["v"], values["do"])
     a_gqa = rules.attention_grad(q64, k64, v64, do64, o64, lse64, g64["q"], g64["k"], g64["v"], *args)
     k64r, v64r = ref.repeat_kv(k64, heads), ref.repeat_kv(v64, heads)
@@ -693,6 +737,111 @@ def window_equivalences(case: Case, impl: Implementation) -> None:
                  record=False, what=what)
 
 
+def _values_for(case: Case, values: dict) -> dict:
+    """``values`` for a call of ``case``: its ALiBi slopes only if it has them, and the
+    defaults of positional arguments the values lack."""
+    out = {n: t for n, t in values.items() if n != "alibi_slopes" or "alibi_slopes" in case.tensors}
+    return {**out, **{a: case.params[a] for a in case.args if a in case.params and a not in out}}
+
+
+def _without_alibi(case: Case) -> Case:
+    """``case`` without its ALiBi slopes (arguments re-derived)."""
+    return with_params(dataclasses.replace(case, tensors={n: t for n, t in case.tensors.items()
+                                                          if n != "alibi_slopes"}))
+
+
+def _two_calls_agree(name: str, got, other, a_got, a_other, exact_got, exact_other, dtype, what: str) -> None:
+    """Two implementation outputs that compute exact values ``exact_got`` and ``exact_other``
+    (fp64) agree within both allowances plus the exact values' own difference."""
+    with np.errstate(invalid="ignore"):
+        gap = np.where(np.isfinite(exact_got) & np.isfinite(exact_other), np.abs(exact_got - exact_other), 0.0)
+    assert_close(name, got, to_numpy(other), a_got + a_other + gap, dtype=dtype, record=False, what=what)
+
+
+def _power_of_two_slopes(slopes: torch.Tensor) -> torch.Tensor:
+    """The drawn slopes moved to signed powers of two in [2^-8, 2^-1] (ALiBi's own are
+    2^-8/H .. 2^-8): slope * j and its quotient by a power-of-two scale are then exact in
+    every dtype for j < 256 (bf16's 8 bits)."""
+    e = torch.clamp(torch.round(torch.log2(slopes.abs().clamp_min(2.0 ** -8))), -8, -1)
+    return torch.where(slopes < 0, -1.0, 1.0) * torch.exp2(e)
+
+
+def alibi_shift_invariant(case: Case, impl: Implementation) -> None:
+    """Causal ALiBi adds -slope |i + Nk - Nq - j| = slope j - slope (i + Nk - Nq) to the
+    scores of the keys row i sees (j <= i + Nk - Nq): a per-row constant apart, the
+    explicit bias slope j, which plain causal attention gets as one more dimension (q_i
+    gets 1, k_j gets slope j / sm_scale, v_j gets 0; k, v repeated per query head). Softmax ignores
+    the constant: o equals that call's o, lse its lse minus slope (i + Nk - Nq). Slopes
+    are moved to powers of two and sm_scale is 0.5 or 2, so the extra column is exact
+    for j < 256; within both calls' allowances plus their fp64 references' difference."""
+    values = case.materialise(backend.device())
+    values["alibi_slopes"] = _power_of_two_slopes(values["alibi_slopes"])
+    _, outs = run(case, impl, values)
+    q, k, v = values["q"], values["k"], values["v"]
+    b, h, n_q, d = q.shape
+    n_k, scale = k.shape[-2], _scale_of(case)
+    slopes = values["alibi_slopes"].to(torch.float64).broadcast_to((b, h))
+    column = (slopes[..., None] * torch.arange(n_k, dtype=torch.float64) / scale).to(q.dtype).to(q.device)
+    aug = {**values,
+           "q": torch.cat([q, torch.ones(b, h, n_q, 1, dtype=q.dtype, device=q.device)], dim=-1),
+           "k": torch.cat([ref.repeat_kv(k, h), column[..., None]], dim=-1),
+           # v padded with a zero column to the same head dim (the kernel's contract): o's extra column is 0
+           "v": torch.cat([ref.repeat_kv(v, h), torch.zeros(b, h, n_k, 1, dtype=v.dtype, device=v.device)], dim=-1)}
+    plain = _without_alibi(case)
+    # sm_scale as given (the extra dimension must not change the default 1 / sqrt(D))
+    plain = with_params(plain, sm_scale=scale)
+    aug_values = _values_for(plain, aug)
+    _, outs2 = run(plain, impl, {**aug_values, "sm_scale": scale})
+    exact, a_o, a_lse = _allowed(case, impl, values)
+    exact2, a_o2, a_lse2 = _allowed(plain, impl, {**aug_values, "sm_scale": scale})
+    shift = (slopes[..., None] * (torch.arange(n_q, dtype=torch.float64) + (n_k - n_q))).numpy()
+    dtype = getattr(torch, case.dtype)
+    what = "causal ALiBi != plain causal attention with the bias slope * j as an extra dimension"
+    _two_calls_agree("o", outs["o"], outs2["o"][..., :d], a_o, a_o2[..., :d], exact["o"], exact2["o"][..., :d], dtype,
+                     what)
+    lse2 = to_numpy(outs2["lse"]) - shift
+    fp64 = 4 * tolerance.unit_roundoff(torch.float64) * (np.abs(to_numpy(outs2["lse"])) + np.abs(shift))
+    _two_calls_agree("lse", outs["lse"], lse2, a_lse, a_lse2 + fp64, exact["lse"], exact2["lse"] - shift,
+                     torch.float32, f"{what} (lse less slope (i + Nk - Nq))")
+
+
+def alibi_zero_slopes_plain(case: Case, impl: Implementation) -> None:
+    """ALiBi slopes of 0 equal no ALiBi: o and lse within both calls' allowances (the same
+    exact values)."""
+    values = case.materialise(backend.device())
+    values["alibi_slopes"] = torch.zeros_like(values["alibi_slopes"])
+    _, outs = run(case, impl, values)
+    plain = _without_alibi(case)
+    plain_values = _values_for(plain, values)
+    _, outs2 = run(plain, impl, plain_values)
+    exact, a_o, a_lse = _allowed(case, impl, values)
+    exact2, a_o2, a_lse2 = _allowed(plain, impl, plain_values)
+    dtype = getattr(torch, case.dtype)
+    _two_calls_agree("o", outs["o"], outs2["o"], a_o, a_o2, exact["o"], exact2["o"], dtype, "ALiBi slopes 0 != no ALiBi")
+    _two_calls_agree("lse", outs["lse"], outs2["lse"], a_lse, a_lse2, exact["lse"], exact2["lse"], torch.float32,
+                     "ALiBi slopes 0 != no ALiBi")
+
+
+def softcap_large_cap_plain(case: Case, impl: Implementation) -> None:
+    """A softcap far above every score, c = a power of two >= 64 max |s| (capped at 2^120),
+    equals no softcap: c tanh(s / c) = s (1 - (s / c)^2 / 3 + ...) moves a score by
+    |s|^3 / (3 c^2) <= |s| / 12288. Within both calls' allowances (the capped one's carries
+    tanh's rounding, (2 EXP_ULPS + 7) u c) plus their fp64 references' difference."""
+    values = case.materialise(backend.device())
+    q, k = to_numpy(values["q"]), ref.repeat_kv(to_numpy(values["k"]), values["q"].shape[1])
+    top = float(np.max(np.abs(q @ np.swapaxes(k, -1, -2)), initial=0.0)) * _scale_of(case)
+    cap = 2.0 ** min(120, max(0, math.ceil(math.log2(max(64 * top, 1.0)))))
+    capped = with_params(case, softcap=cap)
+    capped_values = _values_for(capped, {**values, "softcap": cap})
+    _, outs = run(capped, impl, capped_values)
+    _, outs2 = run(case, impl, values)
+    exact, a_o, a_lse = _allowed(capped, impl, capped_values)
+    exact2, a_o2, a_lse2 = _allowed(case, impl, values)
+    what = f"softcap {cap:g} (>= 64 max |s| = {64 * top:.3g}) != no softcap"
+    _two_calls_agree("o", outs["o"], outs2["o"], a_o, a_o2, exact["o"], exact2["o"], getattr(torch, case.dtype), what)
+    _two_calls_agree("lse", outs["lse"], outs2["lse"], a_lse, a_lse2, exact["lse"], exact2["lse"], torch.float32, what)
+
+
 def _output_shapes(case: Case) -> dict:
     b, h, n_q, d = case.tensors["q"].shape
     return {"o": (b, h, n_q, d), "lse": (b, h, n_q)}
@@ -703,19 +852,22 @@ _checks = tuple(dataclasses.replace(c, run=gradients_match_reference) if c.name 
 
 register(OpSpec(
     name="attention",
-    signature="attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1)) -> (o, lse)",
+    signature="attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0) "
+              "-> (o, lse)",
     meaning="`q [B, H, Nq, D]`, `k`, `v` `[B, Hkv, Nk, D]` with `H % Hkv == 0`: query head `h` reads KV head "
             "`h // (H / Hkv)` (GQA; MQA is `Hkv = 1`); `sm_scale` defaults to `1/sqrt(D)`; "
             "`o = softmax(q k^T * sm_scale [+ masks]) v`; `lse [B, H, Nq]` float32 is the natural-log "
             "logsumexp of the scaled, masked scores of each row. Masks align to the bottom right "
             "(flash-attention >= 2.1): causal keeps `j <= i + Nk - Nq`; `window = (left, right)` keeps "
             "`i + Nk - Nq - left <= j <= i + Nk - Nq + right`, `-1` unbounded on that side; both may be given. "
-            "A row that sees no key returns `o = 0`, `lse = -inf` and zero gradients. The window argument is "
-            "passed only when it is not `(-1, -1)`.",
-    scalars=("causal", "sm_scale", "window"),
+            "Scores: `s = sm_scale q_i . k_j`; `softcap > 0`: `s = softcap tanh(s / softcap)`; `alibi_slopes` "
+            "(float32 `[H]` or `[B, H]`, not differentiated): `s -= slope |i + Nk - Nq - j|`. "
+            "A row that sees no key returns `o = 0`, `lse = -inf` and zero gradients. The arguments after "
+            "`sm_scale` are passed (positionally) only up to the last one that is not its default.",
+    scalars=("causal", "sm_scale", "window", "softcap"),
     dims={"B": ("q", 0), "H": ("q", 1), "Hkv": ("k", 1), "Nq": ("q", 2), "Nk": ("k", 2), "D": ("q", 3)},
-    choices={"causal": (False, True), "sm_scale": SM_SCALES, "window": WINDOWS},
-    arguments=("q", "k", "v", "causal", "sm_scale", "window"),
+    choices={"causal": (False, True), "sm_scale": SM_SCALES, "window": WINDOWS, "softcap": SOFTCAPS},
+    arguments=("q", "k", "v", "causal", "sm_scale", "window", "alibi_slopes", "softcap"),
     outputs=("o", "lse"),
     kernel="kernels.attention:attention",
     reference=ref.attention,
@@ -735,7 +887,7 @@ register(OpSpec(
         Check("online_lse_matches_full", online_lse_matches_full, cases=_key_block_cases()),
         Check("split_kv_merge", split_kv_merge, cases=_key_block_cases()),
         Check("key_permutation_invariant", key_permutation_invariant,
-              cases=_cases(causal=False, min_n=2, windows=(NO_WINDOW,))),
+              cases=_cases(causal=False, min_n=2, windows=(NO_WINDOW,), alibi=False)),
         Check("batch_heads_independent", batch_heads_independent, cases=_cases(min_bh=2)),
         Check("uniform_values_preserved", uniform_values_preserved),
         Check("gqa_equals_repeated_kv", gqa_equals_repeated_kv, cases=_upstream(gqa=True), needs_backward=True,
@@ -747,6 +899,11 @@ register(OpSpec(
               requires=lambda impl: None if impl.supports_backward
               else f"{impl.name} declares supports_backward = False"),
         Check("window_outside_keys_ignored", window_outside_keys_ignored, cases=_cases(windows=WINDOWS[1:])),
-        Check("window_equivalences", window_equivalences, cases=_cases(causal=False, windows=(NO_WINDOW,))),
+        Check("alibi_shift_invariant", alibi_shift_invariant,
+              cases=_cases(causal=True, alibi=True, softcaps=(0.0,), max_d=80, sm_scales=(0.5, 2.0))),
+        Check("alibi_zero_slopes_plain", alibi_zero_slopes_plain, cases=_cases(alibi=True)),
+        Check("softcap_large_cap_plain", softcap_large_cap_plain, cases=_cases(softcaps=(0.0,))),
+        Check("window_equivalences", window_equivalences,
+              cases=_cases(causal=False, windows=(NO_WINDOW,), alibi=False, softcaps=(0.0,))),
     ),
 ))

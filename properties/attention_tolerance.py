@@ -8,13 +8,16 @@ import numpy as np
 import torch
 
 from properties.tolerance import DOT_READ_FLOOR, EXP_ULPS, SAFETY, Precision, sum_error, unit_roundoff
-from references.attention import repeat_kv, visible_pairs
+from references.attention import _scores as _ref_scores
+from references.attention import alibi_bias, repeat_kv, visible_pairs
 
 
-def attention_scores(q: np.ndarray, k: np.ndarray, causal: bool, scale: float, window=(-1, -1)):
-    """fp64 scores s = scale q k^T, -inf at masked (i, j) (causal and window, bottom-right
-    aligned); and the mask of kept pairs. k has q's heads (GQA: see :func:`repeat_kv`)."""
-    s = (q @ np.swapaxes(k, -1, -2)) * scale
+def attention_scores(q: np.ndarray, k: np.ndarray, causal: bool, scale: float, window=(-1, -1),
+                     alibi_slopes=None, softcap: float = 0.0):
+    """fp64 scores (scaled, softcapped, ALiBi-biased: references.attention), -inf at masked
+    (i, j) (causal and window, bottom-right aligned); and the mask of kept pairs. k has q's
+    heads (GQA: see :func:`repeat_kv`)."""
+    s = _ref_scores(q @ np.swapaxes(k, -1, -2), scale, softcap, alibi_slopes)
     visible = np.broadcast_to(visible_pairs(q.shape[-2], k.shape[-2], causal, tuple(window)), s.shape)
     return np.where(visible, s, -np.inf), visible
 
@@ -44,7 +47,7 @@ def _group_sum(x: np.ndarray, kv_heads: int) -> np.ndarray:
 
 
 def attention_score_error(q: np.ndarray, k: np.ndarray, s: np.ndarray, visible: np.ndarray,
-                          scale: float, p: Precision) -> np.ndarray:
+                          scale: float, p: Precision, alibi_slopes=None, softcap: float = 0.0) -> np.ndarray:
     """Bound (SAFETY included) on the absolute error of each score s_ij, in natural units,
     as an exponent error of p_ij: eps_ij.
 
@@ -58,6 +61,19 @@ def attention_score_error(q: np.ndarray, k: np.ndarray, s: np.ndarray, visible: 
     (m <= the row max: online running maxima only get closer to s_ij) rounds
     (u |s_ij - m|) and exp/exp2 adds EXP_ULPS u. Operands below the smallest normal:
     DOT_READ_FLOOR scale (sum_d |q_id| + |k_jd|).
+
+    Softcap (s_c = c tanh(r / c) of the raw score r = scale q.k): the raw score's error
+    e_r above (with r for s, plus u |r| for r / c in fp32 and u(dtype) |r| for it in the
+    dtype) passes through the cap with the derivative 1 - tanh^2 <= 1 at some point
+    between r and r + e_r: at most g = 1 - tanh(max(0, |r| - e_r) / c)^2, the cap's effect
+    on the condition (a saturated score barely moves). Then tanh's own absolute error,
+    (2 EXP_ULPS + 7) u (kernels.attention._tanh), times c; the product c t and the later
+    log2(e) product (u |s_c| each, and u |s_c| for the conversion of the scale path); in
+    the dtype, torch.tanh's rounding and the products: 3 u(dtype) |s_c|.
+    ALiBi (s = s_c - slope |i + Nk - Nq - j|, slopes exact in fp32): slope * distance and
+    the subtraction round, u (|bias| + |s|) in fp32 and again in the dtype for a plain
+    implementation that adds the bias to scores in the input dtype; the bias is exact in
+    fp64 in the reference, so the fp32 slopes' own rounding does not count.
     """
     d = q.shape[-1]
     a = scale * (np.abs(q) @ np.swapaxes(np.abs(k), -1, -2))
@@ -66,8 +82,22 @@ def attention_score_error(q: np.ndarray, k: np.ndarray, s: np.ndarray, visible: 
     u_in = unit_roundoff(p.dtype)
     with np.errstate(invalid="ignore"):
         m = np.max(s, axis=-1, keepdims=True)
-        eps = SAFETY * ((p.dot + sum_error(d, p.compute)) * a + reads + 2 * (u_in + p.compute) * np.abs(s)
-                        + p.compute * (np.abs(s - m) + EXP_ULPS))
+        if not softcap and alibi_slopes is None:
+            eps = SAFETY * ((p.dot + sum_error(d, p.compute)) * a + reads + 2 * (u_in + p.compute) * np.abs(s)
+                            + p.compute * (np.abs(s - m) + EXP_ULPS))
+            return np.where(visible, eps, 0.0)
+        raw = np.abs(q @ np.swapaxes(k, -1, -2)) * scale
+        e_raw = (p.dot + sum_error(d, p.compute)) * a + reads + 2 * (u_in + p.compute) * raw
+        bias = np.zeros_like(raw) if alibi_slopes is None else np.abs(
+            alibi_bias(alibi_slopes, raw.shape, raw.shape[-2], raw.shape[-1]))
+        after = 2 * p.compute * np.abs(s) + (p.compute + u_in) * (bias + np.abs(s))
+        if softcap:
+            e_raw = e_raw + (p.compute + u_in) * raw
+            g = 1.0 - np.tanh(np.maximum(0.0, raw - SAFETY * e_raw) / softcap) ** 2
+            capped = np.abs(np.where(visible, s, 0.0)) + bias  # |s_c| <= |s| + |bias|
+            e_raw = g * e_raw
+            after = after + p.compute * (softcap * (2 * EXP_ULPS + 7) + 2 * capped) + 3 * u_in * capped
+        eps = SAFETY * (e_raw + after + p.compute * (np.abs(s - m) + EXP_ULPS))
     return np.where(visible, eps, 0.0)
 
 
@@ -117,7 +147,8 @@ def _log_weights(s: np.ndarray, visible: np.ndarray) -> np.ndarray:
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
-              causal: bool, scale: float, p: Precision, window=(-1, -1)) -> tuple[np.ndarray, np.ndarray]:
+              causal: bool, scale: float, p: Precision, window=(-1, -1), alibi_slopes=None,
+              softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Allowed absolute errors of (o, lse) of attention, from the fp64 inputs and reference.
 
     GQA: each query head is an attention of its own against its KV head's k, v (repeated
@@ -156,8 +187,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: n
     308151 bfloat16 o elements in an H100 run, the v "offset" family first among them.
     """
     k, v = repeat_kv(k, q.shape[-3]), repeat_kv(v, q.shape[-3])
-    s, visible = attention_scores(q, k, causal, scale, window)
-    eps = attention_score_error(q, k, s, visible, scale, p)
+    s, visible = attention_scores(q, k, causal, scale, window, alibi_slopes, softcap)
+    eps = attention_score_error(q, k, s, visible, scale, p, alibi_slopes, softcap)
     u_p, p_floor = _attention_parts(p)
     tiny = float(torch.finfo(p.dtype).tiny)
     with np.errstate(invalid="ignore", over="ignore", under="ignore", divide="ignore"):
@@ -170,8 +201,10 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: n
         eps_star = np.take_along_axis(eps, jstar, axis=-1)
         top = np.arange(s.shape[-1]) == jstar
         # A key whose row of k is the top key's, bit for bit, gets the same computed score
-        # (the same dot product of the same operands): its zeta_j is exactly 0.
-        twin = _same_key_as(k, jstar)
+        # (the same dot product of the same operands): its zeta_j is exactly 0. Not with
+        # ALiBi: the bias differs per key position, and so does its rounding (a bias of 0.5
+        # vanishes next to a capped score of 1e36 in fp32, for one key and not the other)
+        twin = _same_key_as(k, jstar) if alibi_slopes is None else np.zeros(s.shape, dtype=bool)
         big_e = np.where(visible & ~top & ~twin, eps + eps_star, 0.0)
         # p_j (e^{E_j} - 1), formed in the log domain: p_j may underflow where e^{E_j}
         # does not; exponents are clipped at 300 (the allowance is then capped anyway)
@@ -224,7 +257,7 @@ PARTIAL_SUM_BLOCK = 32  # rows per partial gradient sum in PyTorch's CPU flash a
 
 
 def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, p: Precision,
-                   window=(-1, -1)) -> dict:
+                   window=(-1, -1), alibi_slopes=None, softcap: float = 0.0) -> dict:
     """Allowed absolute errors of dq, dk, dv of attention (upstream do on o).
 
     GQA: dk and dv of a KV head are sums over its group of query heads; the rule bounds
@@ -261,10 +294,10 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
     """
     kv_heads = k.shape[-3]
     group = q.shape[-3] // kv_heads
-    o_allowed, lse_allowed = attention(q, k, v, o, lse, causal, scale, p, window)
+    o_allowed, lse_allowed = attention(q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap)
     k, v = repeat_kv(k, q.shape[-3]), repeat_kv(v, q.shape[-3])
-    s, visible = attention_scores(q, k, causal, scale, window)
-    eps = attention_score_error(q, k, s, visible, scale, p)
+    s, visible = attention_scores(q, k, causal, scale, window, alibi_slopes, softcap)
+    eps = attention_score_error(q, k, s, visible, scale, p, alibi_slopes, softcap)
     u_p, p_floor = _attention_parts(p)
     u_in = unit_roundoff(p.dtype)
     tiny = float(torch.finfo(p.dtype).tiny)
@@ -297,6 +330,19 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
         p_underflow = p_floor * r * (visible & (pr < 4 * tiny))
         e_ds = p_rel * r + pr * np.sum(ad * o_allowed, axis=-1, keepdims=True) + SAFETY * (
             pr * (e_dp + e_delta + p.compute * r) + (u_p + u_in) * np.abs(ds) + ds_floor * visible + p_underflow)
+        if softcap:
+            # dS of the raw score is dS_c (1 - t^2), t = tanh(r / c): the rule's dS is dS_c, a
+            # bound on it (1 - t^2 <= 1); the factor's error: t errs by tanh's own (2 EXP_ULPS
+            # + 7) u plus the raw score's error / c (tanh' <= 1), |t'^2 - t^2| <= 2 dt + dt^2,
+            # and 1 - t t rounds (2 u, in the dtype for plain PyTorch's tanh backward)
+            raw = np.abs(q @ kt(k)) * scale
+            e_raw = (p.dot + sum_error(d, p.compute)) * scale * (np.abs(q) @ kt(np.abs(k))) \
+                + DOT_READ_FLOOR * scale * (np.sum(np.abs(q), axis=-1)[..., :, None]
+                                            + np.sum(np.abs(k), axis=-1)[..., None, :]) \
+                + 3 * (u_in + p.compute) * raw
+            dt = np.minimum(2.0, (2 * EXP_ULPS + 7) * p.compute + SAFETY * e_raw / softcap)
+            dg = np.minimum(1.0, 2 * dt + dt * dt + 2 * (p.compute + u_in))
+            e_ds = e_ds + SAFETY * dg * np.abs(ds) * visible
         e_ds = np.minimum(e_ds, 1e300)
         ads = np.abs(ds)
         reads_row = DOT_READ_FLOOR * np.sum(ads, axis=-1, keepdims=True)  # k misread, per dq_i

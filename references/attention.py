@@ -51,8 +51,9 @@ def alibi_bias(slopes, shape, n_q: int, n_k: int):
     return -np.broadcast_to(slopes.reshape(slopes.shape + (1, 1)), shape[:-2] + (1, 1)) * dist
 
 
-def _scores(raw, scale: float, softcap: float, slopes):
+def _scores(raw, scale: float, softcap: float = 0.0, alibi_slopes=None):
     """Scores from dot products (NumPy or torch, fp64): scaled, softcapped, ALiBi-biased."""
+    slopes = alibi_slopes
     s = raw * scale
     if softcap:
         s = softcap * (torch.tanh(s / softcap) if isinstance(s, torch.Tensor) else np.tanh(s / softcap))

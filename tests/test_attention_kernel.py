@@ -40,9 +40,9 @@ def _make(B, H, n_q, n_k, D, dtype, layout="contiguous", seed=0, h_kv=None):
     return one(n_q, H), one(n_k, h_kv), one(n_k, h_kv)
 
 
-def _ref(q, k, v, causal=False, sm_scale=None, window=(-1, -1)):
+def _ref(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
     to_np = lambda t: t.detach().cpu().double().numpy()  # noqa: E731
-    return ref_np(to_np(q), to_np(k), to_np(v), causal, sm_scale, window)
+    return ref_np(to_np(q), to_np(k), to_np(v), causal, sm_scale, window, alibi_slopes, softcap)
 
 
 # --------------------------------------------------------------------------------------
@@ -72,6 +72,14 @@ BAD_INPUTS = [
     ("window_scalar", lambda: dict(q=_ok(), k=_ok(), v=_ok(), window=4), TypeError, "window"),
     ("window_float", lambda: dict(q=_ok(), k=_ok(), v=_ok(), window=(2.0, 0)), TypeError, "window"),
     ("window_below_minus_one", lambda: dict(q=_ok(), k=_ok(), v=_ok(), window=(-2, 0)), ValueError, "window"),
+    ("alibi_float16", lambda: dict(q=_ok(), k=_ok(), v=_ok(), alibi_slopes=torch.ones(2, device=DEVICE).half()),
+     TypeError, "alibi_slopes"),
+    ("alibi_shape", lambda: dict(q=_ok(), k=_ok(), v=_ok(), alibi_slopes=torch.ones(3, device=DEVICE)),
+     ValueError, "alibi_slopes"),
+    ("alibi_nan", lambda: dict(q=_ok(), k=_ok(), v=_ok(), alibi_slopes=torch.full((2,), math.nan, device=DEVICE)),
+     ValueError, "alibi_slopes"),
+    ("softcap_negative", lambda: dict(q=_ok(), k=_ok(), v=_ok(), softcap=-1.0), ValueError, "softcap"),
+    ("softcap_str", lambda: dict(q=_ok(), k=_ok(), v=_ok(), softcap="30"), TypeError, "softcap"),
     ("scale_zero", lambda: dict(q=_ok(), k=_ok(), v=_ok(), sm_scale=0.0), ValueError, "sm_scale"),
     ("scale_negative", lambda: dict(q=_ok(), k=_ok(), v=_ok(), sm_scale=-1.0), ValueError, "sm_scale"),
     ("scale_nan", lambda: dict(q=_ok(), k=_ok(), v=_ok(), sm_scale=float("nan")), ValueError, "sm_scale"),
@@ -114,19 +122,26 @@ CASES = [
     (2, 3, 37, 20, 16, torch.float16, True, "contiguous", None, 1, (-1, -1)),  # MQA, empty rows
     (1, 2, 33, 40, 32, torch.float32, False, "contiguous", None, 2, (5, 3)),  # sliding window
     (1, 2, 40, 33, 16, torch.float32, True, "strided", 0.5, 1, (7, -1)),  # window and causal
+    # ..., ALiBi slopes ("h": [H], "bh": [B, H]), softcap
+    (2, 4, 20, 37, 16, torch.float32, True, "contiguous", None, 2, (-1, -1), "bh", 0.0),  # ALiBi, bottom-right
+    (1, 2, 33, 33, 32, torch.float16, False, "bnhd", None, 1, (4, 4), "h", 5.0),  # ALiBi, softcap, window
+    (1, 2, 20, 20, 32, torch.bfloat16, True, "contiguous", None, 2, (-1, -1), None, 0.5),  # saturating softcap
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}x{c[3]}x{c[4]}-"
                          f"{str(c[5])[6:]}-{'causal' if c[6] else 'full'}-{c[7]}")
 def test_matches_reference(case):
-    B, H, n_q, n_k, D, dtype, causal, layout, sm_scale, h_kv, window = case + (None, (-1, -1))[len(case) - 9:]
+    B, H, n_q, n_k, D, dtype, causal, layout, sm_scale, h_kv, window, alibi, softcap = \
+        case + (None, (-1, -1), None, 0.0)[len(case) - 9:]
     q, k, v = _make(B, H, n_q, n_k, D, dtype, layout, h_kv=h_kv)
+    slopes = None if alibi is None else torch.rand((B, H) if alibi == "bh" else (H,)).to(DEVICE)
     inputs = [t.clone() for t in (q, k, v)]
-    o, lse = attention(q, k, v, causal=causal, sm_scale=sm_scale, window=window)
+    o, lse = attention(q, k, v, causal=causal, sm_scale=sm_scale, window=window, alibi_slopes=slopes,
+                       softcap=softcap)
     assert o.dtype == dtype and o.shape == (B, H, n_q, D)
     assert lse.dtype == torch.float32 and lse.shape == (B, H, n_q)
-    ro, rl = _ref(q, k, v, causal, sm_scale, window)
+    ro, rl = _ref(q, k, v, causal, sm_scale, window, None if slopes is None else slopes.cpu().numpy(), softcap)
     assert torch.isfinite(o).all()
     # rows that see no key: lse = -inf exactly where the reference's is
     assert np.array_equal(np.isneginf(lse.cpu().numpy()), np.isneginf(rl)) and not np.isnan(rl).any()
@@ -155,15 +170,18 @@ def test_attributes():
 # --------------------------------------------------------------------------------------
 # References and controls
 # --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("causal,n_q,n_k,h_kv,window", [(False, 5, 9, 3, (-1, -1)), (True, 7, 7, 3, (-1, -1)),
-                                                      (True, 9, 4, 1, (-1, -1)), (False, 6, 11, 1, (2, 0))])
-def test_references_agree(causal, n_q, n_k, h_kv, window):
+@pytest.mark.parametrize("causal,n_q,n_k,h_kv,window,alibi,softcap", [
+    (False, 5, 9, 3, (-1, -1), False, 0.0), (True, 7, 7, 3, (-1, -1), False, 0.0),
+    (True, 9, 4, 1, (-1, -1), True, 0.0), (False, 6, 11, 1, (2, 0), True, 2.0)])
+def test_references_agree(causal, n_q, n_k, h_kv, window, alibi, softcap):
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, 3, n_q, 8, generator=g, dtype=torch.float64)
     k = torch.randn(2, h_kv, n_k, 8, generator=g, dtype=torch.float64) * 3
     v = torch.randn(2, h_kv, n_k, 8, generator=g, dtype=torch.float64)
-    o_np, lse_np = ref_np(q.numpy(), k.numpy(), v.numpy(), causal, 0.7, window)
-    o_t, lse_t = ref_torch(q, k, v, causal, 0.7, window)
+    slopes = torch.rand(2, 3, generator=g) if alibi else None
+    o_np, lse_np = ref_np(q.numpy(), k.numpy(), v.numpy(), causal, 0.7, window,
+                          None if slopes is None else slopes.numpy(), softcap)
+    o_t, lse_t = ref_torch(q, k, v, causal, 0.7, window, slopes, softcap)
     np.testing.assert_allclose(o_t.numpy(), o_np, rtol=0, atol=1e-12)
     np.testing.assert_allclose(lse_t.numpy(), lse_np, rtol=0, atol=1e-12)
 
@@ -196,12 +214,16 @@ def test_reference_gradcheck(causal):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_controls(control, dtype):
     fn = getattr(controls, control)
-    # (Nq, Nk, Hkv, causal, window): MHA, GQA with bottom-right causal and empty rows, a window
-    for n_q, n_k, h_kv, causal, window in ((9, 9, 2, False, (-1, -1)), (9, 9, 2, True, (-1, -1)),
-                                           (12, 7, 1, True, (-1, -1)), (7, 12, 1, False, (2, 1))):
+    # (Nq, Nk, Hkv, causal, window, ALiBi, softcap): MHA, GQA with bottom-right causal and empty
+    # rows, a window, ALiBi with a softcap
+    for n_q, n_k, h_kv, causal, window, alibi, softcap in (
+            (9, 9, 2, False, (-1, -1), False, 0.0), (9, 9, 2, True, (-1, -1), False, 0.0),
+            (12, 7, 1, True, (-1, -1), False, 0.0), (7, 12, 1, False, (2, 1), False, 0.0),
+            (9, 13, 1, True, (-1, -1), True, 3.0)):
         q, k, v = _make(1, 2, n_q, n_k, 16, dtype, seed=4, h_kv=h_kv)
-        o, lse = fn(q, k, v, causal=causal, window=window)
-        ro, rl = _ref(q, k, v, causal, None, window)
+        slopes = torch.tensor([0.5, 0.25], device=DEVICE) if alibi else None
+        o, lse = fn(q, k, v, causal=causal, window=window, alibi_slopes=slopes, softcap=softcap)
+        ro, rl = _ref(q, k, v, causal, None, window, None if slopes is None else slopes.cpu().numpy(), softcap)
         assert o.dtype == dtype and lse.dtype == torch.float32
         assert np.abs(o.detach().cpu().double().numpy() - ro).max() < 10 * BOUND[dtype]
         got = lse.detach().cpu().double().numpy()
@@ -249,7 +271,7 @@ def test_gradient_of_expanded_grad_output():
 # --------------------------------------------------------------------------------------
 # Mutants: each builds and differs from the kernel on an input that triggers it
 # --------------------------------------------------------------------------------------
-# name -> (B, H, N_q, N_k, D, causal, layout, sm_scale[, Hkv[, window]])
+# name -> (B, H, N_q, N_k, D, causal, layout, sm_scale[, Hkv[, window[, "alibi" or a softcap]]])
 TRIGGERS = {
     "padded_keys_scored_zero": (1, 1, 5, 10, 16, False, "contiguous", None),
     "accumulator_not_rescaled": (1, 2, 8, 150, 16, False, "contiguous", None),  # > 1 block on GPU too
@@ -264,6 +286,10 @@ TRIGGERS = {
     "causal_top_left": (1, 1, 5, 12, 16, True, "contiguous", None),  # Nq < Nk
     "window_left_edge_off_by_one": (1, 1, 8, 8, 16, False, "contiguous", None, 1, (3, -1)),
     "window_zero_as_unbounded": (1, 1, 8, 8, 16, True, "contiguous", None),
+    "alibi_sign_flipped": (1, 2, 8, 8, 16, False, "contiguous", None, 2, (-1, -1), "alibi"),
+    "alibi_distance_top_left": (1, 2, 5, 12, 16, True, "contiguous", None, 2, (-1, -1), "alibi"),
+    "softcap_before_scale": (1, 1, 8, 8, 16, False, "contiguous", None, 1, (-1, -1), 2.0),
+    "scale_dropped_with_modifiers": (1, 1, 8, 8, 16, False, "contiguous", None, 1, (-1, -1), 30.0),
 }
 
 
@@ -273,9 +299,9 @@ def test_every_mutant_has_a_trigger():
         assert getattr(mutants, m.name) is m and m.op == "attention" and m.kills
 
 
-def _run_with_grads(fn, q, k, v, causal, sm_scale, do, window=(-1, -1)):
+def _run_with_grads(fn, q, k, v, causal, sm_scale, do, window=(-1, -1), **extra):
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    o, lse = fn(q, k, v, causal=causal, sm_scale=sm_scale, window=window)
+    o, lse = fn(q, k, v, causal=causal, sm_scale=sm_scale, window=window, **extra)
     grads = torch.autograd.grad(o, (q, k, v), do)
     return (o.detach(), lse.detach(), *grads)
 
@@ -283,11 +309,17 @@ def _run_with_grads(fn, q, k, v, causal, sm_scale, do, window=(-1, -1)):
 @pytest.mark.parametrize("name", sorted(TRIGGERS))
 def test_mutant_differs_on_trigger(name):
     B, H, n_q, n_k, D, causal, layout, sm_scale, *rest = TRIGGERS[name]
-    h_kv, window = (rest + [None, (-1, -1)][len(rest):])[:2]
+    h_kv, window, modifier = (rest + [None, (-1, -1), None][len(rest):])[:3]
     q, k, v = _make(B, H, n_q, n_k, D, torch.float32, layout, seed=8, h_kv=h_kv)
+    extra = {}
+    if modifier == "alibi":
+        extra["alibi_slopes"] = torch.tensor([0.5, 0.125] * H, device=DEVICE)[:H]
+    elif modifier is not None:
+        extra["softcap"] = modifier
+        q = q * 3  # scores reach the cap's curved part
     do = torch.randn(B, H, n_q, D, generator=torch.Generator().manual_seed(9)).to(DEVICE)
-    good = _run_with_grads(attention, q, k, v, causal, sm_scale, do, window)
-    bad = _run_with_grads(getattr(mutants, name), q, k, v, causal, sm_scale, do, window)
+    good = _run_with_grads(attention, q, k, v, causal, sm_scale, do, window, **extra)
+    bad = _run_with_grads(getattr(mutants, name), q, k, v, causal, sm_scale, do, window, **extra)
     labels = ("o", "lse", "dq", "dk", "dv")
     forward_only = name in ("dk_missing_scale", "dkdv_causal_mask_missing")
     differs = [lab for lab, a, b in zip(labels, good, bad) if not torch.equal(a, b)]
