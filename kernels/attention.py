@@ -2,13 +2,20 @@
 
 Contract (docs/contract.md)::
 
-    attention(q, k, v, causal=False, sm_scale=None) -> (o, lse)
+    attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None,
+              softcap=0.0) -> (o, lse)
 
-    q [B, H, Nq, D], k and v [B, H, Nk, D]           (v has the same D as q)
+    q [B, H, Nq, D], k and v [B, Hkv, Nk, D], H % Hkv == 0 (v has the same D as q)
+    query head h reads KV head h // (H / Hkv)          (GQA; MQA is Hkv = 1)
     s[i, j] = sm_scale * <q_i, k_j>                   sm_scale defaults to 1/sqrt(D)
-    s[i, j] = -inf  where causal and j > i             (causal requires Nq == Nk)
+    s[i, j] = softcap * tanh(s[i, j] / softcap)        if softcap > 0
+    s[i, j] -= slope[b, h] * |i + Nk - Nq - j|         ALiBi, slopes [H] or [B, H] float32
+    s[i, j] = -inf  outside the band, bottom-right aligned (diag = Nk - Nq):
+              causal keeps j <= i + diag; window (left, right) keeps
+              i + diag - left <= j <= i + diag + right (-1: unbounded)
     lse[i]  = log(sum_j exp(s[i, j]))                  float32, natural log, [B, H, Nq]
     o[i]    = sum_j exp(s[i, j] - lse[i]) v_j          input dtype, [B, H, Nq, D]
+    a row with no key in its band: o = 0, lse = -inf, zero gradients
 
 Forward (FlashAttention-2 style): one program per (query block, batch*head). It walks
 the key blocks once, keeping per query row a running max ``m`` and a running sum
@@ -17,23 +24,28 @@ When a new block raises the max from ``m`` to ``m'`` the old sums are rescaled b
 ``alpha = exp(m - m')`` (online softmax), and at the end ``o = acc / l``,
 ``lse = m + log(l)``. Scores are kept in log2 units (``log2(e)`` folded into the scale)
 so the exponentials are ``exp2``; ``lse`` is converted back to natural log on store.
-Causal programs stop at the diagonal block. Keys past ``Nk`` in the last block get the
+Causal and windowed programs walk only the key blocks their rows' bands touch; the band
+is one mask (causal is its right edge at 0). Keys past ``Nk`` in the last block get the
 score ``-inf`` (the identity of the max; ``exp2(-inf) = 0`` for the sums), never 0.
 Query rows past ``Nq`` are loaded as zeros (finite scores, no NaN) and never stored.
 
 Backward: ``dv = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - delta)`` with
 ``delta_i = sum_d dO_id O_id`` (preprocess kernel, fp32), ``dq = scale dS K``,
 ``dk = scale dS^T Q``. P is recomputed blockwise from the saved LSE (no N x N matrix in
-memory). One kernel computes dk and dv (a program per key block walks the query blocks)
-and one computes dq (a program per query block walks the key blocks): no atomics, the
-result is deterministic. ``lse`` is returned non-differentiable.
+memory). One kernel computes dk and dv (a program per key block and KV head walks the
+query blocks of every query head of its group, so GQA's sums over a group stay in one
+fp32 accumulator) and one computes dq (a program per query block walks the key blocks):
+no atomics, the result is deterministic. ``lse`` is returned non-differentiable, and so
+are the ALiBi slopes. With a softcap, dS is multiplied by d s_c / d s = 1 - tanh^2.
 
 Accepted inputs:
 - dtypes float32, float16, bfloat16 (all three tensors the same dtype), any strides
   (all four strides of each tensor are passed to the kernels; nothing is copied);
 - head dims D = 1 .. 128 (D is padded with masks to BLOCK_D = max(16, next_pow2(D)), so
   the compiled variants are D in {16, 32, 64, 128}); v's head dim must equal q's;
-- any Nq, Nk >= 1 and B, H >= 1 (empty tensors raise ValueError);
+- any Nq, Nk >= 1 and B, H >= 1 (empty tensors raise ValueError), Hkv dividing H;
+- ``window``: a pair of ints, each >= 0 or -1; ``softcap``: finite, >= 0 (0 = off);
+  ``alibi_slopes``: None or a finite float32 tensor [H] or [B, H] on q's device;
 - ``sm_scale``: None or a finite real number > 0 (a softmax temperature; 0, negative,
   NaN or inf raise ValueError, a non-number TypeError).
 
@@ -52,7 +64,7 @@ Block sizes: BLOCK_M = BLOCK_N = 16 under the interpreter (TRITON_INTERPRET=1, s
 fuzzed cases stay fast and a multi-block case needs only N > 16); on the GPU 64 x 64
 for the forward (64 x 32 for fp32/bf16 with D = 128) and 32 x 32 (D <= 64) / 32 x 16
 for the backward. Sequence lengths and strides are not specialised on, so fuzzing
-many shapes compiles only one variant per (dtype class, BLOCK_D, causal).
+many shapes compiles only one variant per (dtype class, BLOCK_D, banded, softcap, ALiBi).
 """
 from __future__ import annotations
 

@@ -1,5 +1,11 @@
-"""attention(q, k, v, causal=False, sm_scale=None) -> (o, lse): strategy, tolerance
-binding and properties.
+"""attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None,
+softcap=0.0) -> (o, lse): strategy, tolerance binding and properties.
+
+The strategy draws every variant and their combinations: GQA (Hkv | H), Nq != Nk with
+bottom-right causal (rows without a key when Nq > Nk), windows, ALiBi slopes ([H] or
+[B, H]) and softcaps; the arguments after sm_scale are passed only up to the last one a
+case uses (:func:`case_args`). The key-split checks draw no ALiBi (a block call measures
+the ALiBi distance from its own diagonal).
 
 The domain (what the contract can mean for finite inputs of the dtype):
 
