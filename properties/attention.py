@@ -47,7 +47,7 @@ from properties import backend, tolerance
 from properties.config import CONFIG
 from properties.generic import generic_checks, precision, require_grad_fn, run, with_upstream
 from properties.generic import gradients_match_reference as _generic_gradients_match_reference
-from properties.limits import NO_LIMITS, Limits
+from properties.limits import NO_LIMITS, Limits, OutsideLimits
 from properties.oracle import assert_close, assert_identical, to_numpy
 from properties.registry import OPS, Check, Implementation, OpSpec, register
 from properties.strategies import Case, Layout, TensorSpec, layouts, special_values, tensors
@@ -200,10 +200,15 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
     if gqa:
         min_bh = max(min_bh, 4)
     max_bh = max(min_bh, CONFIG.pick(_TILE_BUDGET, _SCORE_BUDGET) // work)
-    b = 1 if gqa else draw(limits.specialised("attention", dtype, "B", 1, min(3, max_bh), span=(1, 3)))
+    b = draw(limits.specialised("attention", dtype, "B", 1, max(1, min(3, max_bh // 4)) if gqa else min(3, max_bh),
+                                span=(1, 3)))
     h_lo = max(1, math.ceil(min_bh / b))
     if gqa:
-        h, h_kv = 4, draw(limits.pick("Hkv", (2, 1)))
+        h = draw(limits.pick("H", (4,)))  # declared head counts replace 4
+        grouped = [n for n in range(h - 1, 0, -1) if h % n == 0 and n in limits.sizes.get("Hkv", (n,))]
+        if not grouped:
+            raise OutsideLimits(f"GQA needs H >= 2 with a proper divisor inside the declared Hkv limits; H = {h}")
+        h_kv = draw(limits.pick("Hkv", grouped))
     else:
         h = draw(limits.specialised("attention", dtype, "H", h_lo, max(min(4, max_bh // b), h_lo), span=(1, 4)))
         # Hkv = H first (plain multi-head attention is what a failure shrinks to); declared
@@ -223,9 +228,9 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
     if draw(st.booleans()) if alibi is None else alibi:
         shape_ab = (b, h) if draw(st.booleans()) else (h,)
         specs["alibi_slopes"] = draw(tensors(shape_ab, torch.float32, scales=ALIBI_SCALES, layout=False))
+    # every scalar in params (what limits and properties read), passed only as far as args go
     params = {"causal": bool(causal), "sm_scale": sm_scale, "window": tuple(window), "softcap": softcap}
     args = case_args(params, specs)
-    params = {name: value for name, value in params.items() if name in args}
     return Case("attention", str(dtype).replace("torch.", ""), args, specs, _complete(params, args, specs))
 
 
