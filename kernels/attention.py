@@ -2,13 +2,20 @@
 
 Contract (docs/contract.md)::
 
-    attention(q, k, v, causal=False, sm_scale=None) -> (o, lse)
+    attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None,
+              softcap=0.0) -> (o, lse)
 
-    q [B, H, Nq, D], k and v [B, H, Nk, D]           (v has the same D as q)
+    q [B, H, Nq, D], k and v [B, Hkv, Nk, D], H % Hkv == 0 (v has the same D as q)
+    query head h reads KV head h // (H / Hkv)          (GQA; MQA is Hkv = 1)
     s[i, j] = sm_scale * <q_i, k_j>                   sm_scale defaults to 1/sqrt(D)
-    s[i, j] = -inf  where causal and j > i             (causal requires Nq == Nk)
+    s[i, j] = softcap * tanh(s[i, j] / softcap)        if softcap > 0
+    s[i, j] -= slope[b, h] * |i + Nk - Nq - j|         ALiBi, slopes [H] or [B, H] float32
+    s[i, j] = -inf  outside the band, bottom-right aligned (diag = Nk - Nq):
+              causal keeps j <= i + diag; window (left, right) keeps
+              i + diag - left <= j <= i + diag + right (-1: unbounded)
     lse[i]  = log(sum_j exp(s[i, j]))                  float32, natural log, [B, H, Nq]
     o[i]    = sum_j exp(s[i, j] - lse[i]) v_j          input dtype, [B, H, Nq, D]
+    a row with no key in its band: o = 0, lse = -inf, zero gradients
 
 Forward (FlashAttention-2 style): one program per (query block, batch*head). It walks
 the key blocks once, keeping per query row a running max ``m`` and a running sum
@@ -17,23 +24,28 @@ When a new block raises the max from ``m`` to ``m'`` the old sums are rescaled b
 ``alpha = exp(m - m')`` (online softmax), and at the end ``o = acc / l``,
 ``lse = m + log(l)``. Scores are kept in log2 units (``log2(e)`` folded into the scale)
 so the exponentials are ``exp2``; ``lse`` is converted back to natural log on store.
-Causal programs stop at the diagonal block. Keys past ``Nk`` in the last block get the
+Causal and windowed programs walk only the key blocks their rows' bands touch; the band
+is one mask (causal is its right edge at 0). Keys past ``Nk`` in the last block get the
 score ``-inf`` (the identity of the max; ``exp2(-inf) = 0`` for the sums), never 0.
 Query rows past ``Nq`` are loaded as zeros (finite scores, no NaN) and never stored.
 
 Backward: ``dv = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - delta)`` with
 ``delta_i = sum_d dO_id O_id`` (preprocess kernel, fp32), ``dq = scale dS K``,
 ``dk = scale dS^T Q``. P is recomputed blockwise from the saved LSE (no N x N matrix in
-memory). One kernel computes dk and dv (a program per key block walks the query blocks)
-and one computes dq (a program per query block walks the key blocks): no atomics, the
-result is deterministic. ``lse`` is returned non-differentiable.
+memory). One kernel computes dk and dv (a program per key block and KV head walks the
+query blocks of every query head of its group, so GQA's sums over a group stay in one
+fp32 accumulator) and one computes dq (a program per query block walks the key blocks):
+no atomics, the result is deterministic. ``lse`` is returned non-differentiable, and so
+are the ALiBi slopes. With a softcap, dS is multiplied by d s_c / d s = 1 - tanh^2.
 
 Accepted inputs:
 - dtypes float32, float16, bfloat16 (all three tensors the same dtype), any strides
   (all four strides of each tensor are passed to the kernels; nothing is copied);
 - head dims D = 1 .. 128 (D is padded with masks to BLOCK_D = max(16, next_pow2(D)), so
   the compiled variants are D in {16, 32, 64, 128}); v's head dim must equal q's;
-- any Nq, Nk >= 1 and B, H >= 1 (empty tensors raise ValueError);
+- any Nq, Nk >= 1 and B, H >= 1 (empty tensors raise ValueError), Hkv dividing H;
+- ``window``: a pair of ints, each >= 0 or -1; ``softcap``: finite, >= 0 (0 = off);
+  ``alibi_slopes``: None or a finite float32 tensor [H] or [B, H] on q's device;
 - ``sm_scale``: None or a finite real number > 0 (a softmax temperature; 0, negative,
   NaN or inf raise ValueError, a non-number TypeError).
 
@@ -52,7 +64,7 @@ Block sizes: BLOCK_M = BLOCK_N = 16 under the interpreter (TRITON_INTERPRET=1, s
 fuzzed cases stay fast and a multi-block case needs only N > 16); on the GPU 64 x 64
 for the forward (64 x 32 for fp32/bf16 with D = 128) and 32 x 32 (D <= 64) / 32 x 16
 for the backward. Sequence lengths and strides are not specialised on, so fuzzing
-many shapes compiles only one variant per (dtype class, BLOCK_D, causal).
+many shapes compiles only one variant per (dtype class, BLOCK_D, banded, softcap, ALiBi).
 """
 from __future__ import annotations
 
@@ -75,7 +87,7 @@ FP32_DOT_PRECISION = "ieee"
 
 # Integer arguments that change with every fuzzed shape: not specialised, so they do
 # not multiply the number of compiled variants.
-_NO_SPEC = ["H", "N_Q", "N_K"]
+_NO_SPEC = ["H", "GROUP", "N_Q", "N_K", "BAND_LO", "BAND_HI", "DIAG", "stride_ab", "stride_ah"]
 
 
 def _interpreting() -> bool:
@@ -102,9 +114,52 @@ def _mma(a, b, FP16_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _causal_keep(offs_m, offs_n):
-    """[BLOCK_M, BLOCK_N] mask of the (query i, key j) pairs causal attention keeps: j <= i."""
-    return offs_n[None, :] <= offs_m[:, None]
+def _band_keep(offs_m, offs_n, BAND_LO, BAND_HI):
+    """[BLOCK_M, BLOCK_N] mask of the (query i, key j) pairs a banded call keeps:
+    i + BAND_LO <= j <= i + BAND_HI. With diag = Nk - Nq (bottom-right alignment),
+    BAND_LO = diag - left and BAND_HI = diag + right (causal: right = 0); an unbounded
+    side gets a bound past every key (see ``_band``)."""
+    return (offs_n[None, :] >= offs_m[:, None] + BAND_LO) & (offs_n[None, :] <= offs_m[:, None] + BAND_HI)
+
+
+@triton.jit
+def _tanh(x):
+    """tanh(x) = 1 - 2 / (exp(2x) + 1) in fp32: exp(2x) = inf gives 1, exp(2x) = 0 gives -1,
+    so no NaN for any finite x. Absolute error: exp's EXP_ULPS u on e = exp(2x), then +1,
+    the division and 1 - y (each u): 2 / (e + 1) lies in (0, 2), so |error| <= 2 (EXP_ULPS
+    + 3) u + u. Near 0 that is all of it (the relative error of a tiny tanh is large)."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _scores(qk, offs_m, offs_n, sm_scale, qk_scale, softcap, slope, DIAG,
+            HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """Scores of a [BLOCK_M, BLOCK_N] tile of dot products qk, in log2 units, and the
+    softcap's t = tanh(s / softcap) (the backward's d s_capped / d s = 1 - t^2):
+        s = sm_scale qk;  softcap: s = softcap tanh(s / softcap);  ALiBi: s -= slope |i + diag - j|
+    (diag = Nk - Nq: the ALiBi distance is to the row's bottom-right diagonal key). Without
+    either, s log2(e) is one product with qk_scale = sm_scale log2(e), as before them."""
+    if HAS_SOFTCAP or HAS_ALIBI:
+        s = qk * sm_scale
+        t = s
+        if HAS_SOFTCAP:
+            t = _tanh(s / softcap)
+            s = softcap * t
+        if HAS_ALIBI:
+            dist = tl.abs(offs_m[:, None] + DIAG - offs_n[None, :]).to(tl.float32)  # exact below 2^24
+            s = s - slope * dist
+        s2 = s * _LOG2E
+    else:
+        s2 = qk * qk_scale
+        t = qk
+    return s2, t
+
+
+@triton.jit
+def _kv_head(off_h, H, GROUP):
+    """The KV head a query head reads (GQA): query heads h of one group of GROUP = H / Hkv
+    consecutive heads share KV head h // GROUP."""
+    return off_h // GROUP
 
 
 # ----------------------------------------------------------------------------------
@@ -113,20 +168,30 @@ def _causal_keep(offs_m, offs_n):
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _attn_fwd_kernel(
     Q,  # *[B, H, Nq, D] queries, any strides
-    K,  # *[B, H, Nk, D] keys, any strides
-    V,  # *[B, H, Nk, D] values, any strides
+    K,  # *[B, Hkv, Nk, D] keys, any strides
+    V,  # *[B, Hkv, Nk, D] values, any strides
     O,  # *[B, H, Nq, D] output (input dtype), any strides
     LSE,  # *[B, H, Nq] float32 natural-log logsumexp, contiguous
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
-    H,  # number of heads
+    H,  # number of query heads
+    GROUP,  # query heads per KV head, H / Hkv
     N_Q,  # number of query rows
     N_K,  # number of keys
     HEAD_DIM,  # D (<= BLOCK_D)
     qk_scale,  # sm_scale * log2(e): scores in log2 units
-    IS_CAUSAL: tl.constexpr,
+    BAND_LO,  # banded calls keep keys i + BAND_LO <= j <= i + BAND_HI
+    BAND_HI,
+    ALIBI,  # *[B, H] float32 ALiBi slopes (stride_ab 0 for [H]); unused without HAS_ALIBI
+    stride_ab, stride_ah,
+    sm_scale,  # natural-units scale (the softcap and ALiBi path)
+    softcap,  # > 0 with HAS_SOFTCAP
+    DIAG,  # Nk - Nq, the ALiBi distance's origin
+    IS_BANDED: tl.constexpr,  # causal or a window: the band mask and loop bounds apply
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     FP16_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -137,6 +202,7 @@ def _attn_fwd_kernel(
     pid_bh = tl.program_id(1)
     off_b = pid_bh // H
     off_h = pid_bh % H
+    off_kvh = _kv_head(off_h, H, GROUP)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -145,8 +211,8 @@ def _attn_fwd_kernel(
     d_valid = offs_d < HEAD_DIM
 
     q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-    k_base = K + off_b.to(tl.int64) * stride_kb + off_h.to(tl.int64) * stride_kh
-    v_base = V + off_b.to(tl.int64) * stride_vb + off_h.to(tl.int64) * stride_vh
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
 
     # Padded query rows and padded head-dim lanes load as 0: their scores are finite.
     q = tl.load(
@@ -154,17 +220,23 @@ def _attn_fwd_kernel(
         mask=m_valid[:, None] & d_valid[None, :], other=0.0,
     ).to(tl.float32)
 
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running max (log2 units)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of exp2(s - m_i)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # running sum of exp2(s - m_i) v
 
-    if IS_CAUSAL:
-        # keys j > i for every row of this block lie past the block's last row
-        hi = tl.minimum((pid_m + 1) * BLOCK_M, N_K)
+    if IS_BANDED:
+        # the block's rows i0 .. i1 - 1 see keys i0 + BAND_LO .. i1 - 1 + BAND_HI at most;
+        # the loop starts at the key block holding the first of them
+        lo = tl.maximum(pid_m * BLOCK_M + BAND_LO, 0) // BLOCK_N * BLOCK_N
+        hi = tl.minimum((pid_m + 1) * BLOCK_M + BAND_HI, N_K)
     else:
+        lo = 0
         hi = N_K
 
-    for start_n in range(0, hi, BLOCK_N):
+    for start_n in range(lo, hi, BLOCK_N):
         offs_kn = start_n + offs_n
         n_valid = offs_kn < N_K
         kv_mask = n_valid[:, None] & d_valid[None, :]
@@ -177,16 +249,17 @@ def _attn_fwd_kernel(
             mask=kv_mask, other=0.0,
         ).to(tl.float32)
 
-        s = _mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION) * qk_scale
+        s, _ = _scores(_mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION), offs_m, offs_kn, sm_scale, qk_scale,
+                       softcap, slope, DIAG, HAS_SOFTCAP, HAS_ALIBI)
         # keys past N_K score -inf: the identity of the max, weight exp2(-inf) = 0
         s = tl.where(n_valid[None, :], s, float("-inf"))
-        if IS_CAUSAL:
-            s = tl.where(_causal_keep(offs_m, offs_kn), s, float("-inf"))
+        if IS_BANDED:
+            s = tl.where(_band_keep(offs_m, offs_kn, BAND_LO, BAND_HI), s, float("-inf"))
 
         # online softmax: new max, rescale factor of the old sums, this block's weights
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         # a row whose scores so far are all -inf keeps offset 0 so that no -inf - -inf NaN
-        # appears (its l stays 0 and o = 0/0 = NaN, as the reference's softmax)
+        # appears (its l stays 0 until it sees a key)
         m_off = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_off)
         p = tl.exp2(s - m_off[:, None])
@@ -194,8 +267,13 @@ def _attn_fwd_kernel(
         acc = acc * alpha[:, None] + _mma(p, v, FP16_DOT, DOT_PRECISION)
         m_i = m_new
 
+    # A row that saw a key has l >= 1 (its top key adds exp2(0)). A row that saw none (a
+    # band that misses every key, e.g. causal rows i < Nq - Nk) has acc = 0 and l = 0: it
+    # returns o = 0 and lse = log(0) = -inf, the identity of the LSE merge, not 0/0.
+    empty = l_i == 0.0
+    l_i = tl.where(empty, 1.0, l_i)
     o = acc / l_i[:, None]
-    lse = (m_i + tl.log2(l_i)) * _LN2  # natural log
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_i)) * _LN2)  # natural log
     o_ptrs = O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh \
         + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
@@ -243,35 +321,47 @@ def _attn_bwd_preprocess_kernel(
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _attn_bwd_dkdv_kernel(
     Q,  # *[B, H, Nq, D] queries, any strides
-    K,  # *[B, H, Nk, D] keys, any strides
-    V,  # *[B, H, Nk, D] values, any strides
+    K,  # *[B, Hkv, Nk, D] keys, any strides
+    V,  # *[B, Hkv, Nk, D] values, any strides
     DO,  # *[B, H, Nq, D] gradient of o, any strides
     LSE,  # *[B, H, Nq] float32 natural-log logsumexp from the forward, contiguous
     DELTA,  # *[B, H, Nq] float32 rowsum(dO * O), contiguous
-    DK,  # *[B, H, Nk, D] output dk (input dtype), contiguous
-    DV,  # *[B, H, Nk, D] output dv (input dtype), contiguous
+    DK,  # *[B, Hkv, Nk, D] output dk (input dtype), contiguous
+    DV,  # *[B, Hkv, Nk, D] output dv (input dtype), contiguous
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-    H,
+    H,  # number of query heads
+    GROUP,  # query heads per KV head, H / Hkv
     N_Q,
     N_K,
     HEAD_DIM,
     sm_scale,  # natural-units scale (for dk)
     qk_scale,  # sm_scale * log2(e)
-    IS_CAUSAL: tl.constexpr,
+    BAND_LO,  # banded calls keep keys i + BAND_LO <= j <= i + BAND_HI
+    BAND_HI,
+    ALIBI,  # *[B, H] float32 ALiBi slopes (stride_ab 0 for [H]); unused without HAS_ALIBI
+    stride_ab, stride_ah,
+    softcap,  # > 0 with HAS_SOFTCAP
+    DIAG,  # Nk - Nq, the ALiBi distance's origin
+    IS_BANDED: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     FP16_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    # one program per (key block, batch * KV head): dk and dv of a KV head shared by a
+    # group of query heads are sums over the group, accumulated here in fp32 (no atomics)
     pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    off_b = pid_bh // H
-    off_h = pid_bh % H
+    pid_bkv = tl.program_id(1)
+    H_KV = H // GROUP
+    off_b = pid_bkv // H_KV
+    off_kvh = pid_bkv % H_KV
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_mb = tl.arange(0, BLOCK_M)
@@ -280,15 +370,13 @@ def _attn_bwd_dkdv_kernel(
     d_valid = offs_d < HEAD_DIM
     kv_mask = n_valid[:, None] & d_valid[None, :]
 
-    q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
-    do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
     k = tl.load(
-        K + off_b.to(tl.int64) * stride_kb + off_h.to(tl.int64) * stride_kh
+        K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
         + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
         mask=kv_mask, other=0.0,
     ).to(tl.float32)
     v = tl.load(
-        V + off_b.to(tl.int64) * stride_vb + off_h.to(tl.int64) * stride_vh
+        V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
         + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
         mask=kv_mask, other=0.0,
     ).to(tl.float32)
@@ -296,44 +384,59 @@ def _attn_bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
 
-    if IS_CAUSAL:
-        # rows i < j contribute nothing: start at the query block holding this block's first key
-        lo = (pid_n * BLOCK_N) // BLOCK_M * BLOCK_M
+    if IS_BANDED:
+        # rows that can see a key j0 .. j1 - 1 of this block: j1 - 1 - BAND_HI <= ... i.e.
+        # i >= j0 - BAND_HI and i <= j1 - 1 - BAND_LO; start at the query block holding the first
+        lo = tl.maximum(pid_n * BLOCK_N - BAND_HI, 0) // BLOCK_M * BLOCK_M
+        hi = tl.minimum((pid_n + 1) * BLOCK_N - BAND_LO, N_Q)
     else:
         lo = 0
+        hi = N_Q
 
-    for start_m in range(lo, N_Q, BLOCK_M):
-        offs_m = start_m + offs_mb
-        m_valid = offs_m < N_Q
-        qm_mask = m_valid[:, None] & d_valid[None, :]
-        q = tl.load(
-            q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-            mask=qm_mask, other=0.0,
-        ).to(tl.float32)
-        do = tl.load(
-            do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-            mask=qm_mask, other=0.0,
-        ).to(tl.float32)
-        lse2 = tl.load(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, mask=m_valid, other=0.0) * _LOG2E
-        delta = tl.load(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, mask=m_valid, other=0.0)
+    for g in range(0, GROUP):
+        off_h = off_kvh * GROUP + g  # the query heads of this KV head's group
+        row0 = (off_b * H + off_h).to(tl.int64) * N_Q  # this head's rows of LSE and DELTA
+        q_base = Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+        do_base = DO + off_b.to(tl.int64) * stride_dob + off_h.to(tl.int64) * stride_doh
+        slope = 0.0
+        if HAS_ALIBI:
+            slope = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah)
+        for start_m in range(lo, hi, BLOCK_M):
+            offs_m = start_m + offs_mb
+            m_valid = offs_m < N_Q
+            qm_mask = m_valid[:, None] & d_valid[None, :]
+            q = tl.load(
+                q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=qm_mask, other=0.0,
+            ).to(tl.float32)
+            do = tl.load(
+                do_base + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                mask=qm_mask, other=0.0,
+            ).to(tl.float32)
+            lse2 = tl.load(LSE + row0 + offs_m, mask=m_valid, other=0.0) * _LOG2E
+            delta = tl.load(DELTA + row0 + offs_m, mask=m_valid, other=0.0)
 
-        # P recomputed from the saved LSE; padded rows and keys get -inf, so P = 0 there
-        st = _mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION) * qk_scale
-        keep = m_valid[:, None] & n_valid[None, :]
-        if IS_CAUSAL:
-            keep = keep & _causal_keep(offs_m, offs_n)
-        st = tl.where(keep, st, float("-inf"))
-        # P <= 1 exactly; the clamp keeps the rounding of a huge lse (u(fp32) |lse| > 128 past
-        # |s| ~ 1e9) from recomputing P as exp2(+big) = inf and the gradients as NaN
-        p = tl.exp2(tl.minimum(st - lse2[:, None], 0.0))  # [BLOCK_M, BLOCK_N]
+            # P recomputed from the saved LSE; padded rows and keys, and pairs outside the
+            # band, get P = 0 (a row without any key has lse = -inf: s - lse is never formed
+            # there, -inf - -inf would be NaN)
+            st, tt = _scores(_mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION), offs_m, offs_n, sm_scale, qk_scale,
+                             softcap, slope, DIAG, HAS_SOFTCAP, HAS_ALIBI)
+            keep = m_valid[:, None] & n_valid[None, :]
+            if IS_BANDED:
+                keep = keep & _band_keep(offs_m, offs_n, BAND_LO, BAND_HI)
+            # P <= 1 exactly; the clamp keeps the rounding of a huge lse (u(fp32) |lse| > 128
+            # past |s| ~ 1e9) from recomputing P as exp2(+big) = inf and the gradients as NaN
+            p = tl.where(keep, tl.exp2(tl.minimum(st - lse2[:, None], 0.0)), 0.0)  # [BLOCK_M, BLOCK_N]
 
-        dv += _mma(tl.trans(p), do, FP16_DOT, DOT_PRECISION)
-        dp = _mma(do, tl.trans(v), FP16_DOT, DOT_PRECISION)
-        ds = p * (dp - delta[:, None])
-        dk += _mma(tl.trans(ds), q, FP16_DOT, DOT_PRECISION)
+            dv += _mma(tl.trans(p), do, FP16_DOT, DOT_PRECISION)
+            dp = _mma(do, tl.trans(v), FP16_DOT, DOT_PRECISION)
+            ds = p * (dp - delta[:, None])
+            if HAS_SOFTCAP:
+                ds = ds * (1.0 - tt * tt)  # d softcap tanh(s / softcap) / d s
+            dk += _mma(tl.trans(ds), q, FP16_DOT, DOT_PRECISION)
 
     dk = dk * sm_scale  # d s / d k = sm_scale * q
-    out_off = off_b.to(tl.int64) * stride_dkb + off_h.to(tl.int64) * stride_dkh \
+    out_off = off_b.to(tl.int64) * stride_dkb + off_kvh.to(tl.int64) * stride_dkh \
         + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
     tl.store(DK + out_off, dk.to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + out_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
@@ -342,8 +445,8 @@ def _attn_bwd_dkdv_kernel(
 @triton.jit(do_not_specialize=_NO_SPEC)
 def _attn_bwd_dq_kernel(
     Q,  # *[B, H, Nq, D] queries, any strides
-    K,  # *[B, H, Nk, D] keys, any strides
-    V,  # *[B, H, Nk, D] values, any strides
+    K,  # *[B, Hkv, Nk, D] keys, any strides
+    V,  # *[B, Hkv, Nk, D] values, any strides
     DO,  # *[B, H, Nq, D] gradient of o, any strides
     LSE,  # *[B, H, Nq] float32 natural-log logsumexp from the forward, contiguous
     DELTA,  # *[B, H, Nq] float32 rowsum(dO * O), contiguous
@@ -353,13 +456,22 @@ def _attn_bwd_dq_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-    H,
+    H,  # number of query heads
+    GROUP,  # query heads per KV head, H / Hkv
     N_Q,
     N_K,
     HEAD_DIM,
     sm_scale,  # natural-units scale (for dq)
     qk_scale,  # sm_scale * log2(e)
-    IS_CAUSAL: tl.constexpr,
+    BAND_LO,  # banded calls keep keys i + BAND_LO <= j <= i + BAND_HI
+    BAND_HI,
+    ALIBI,  # *[B, H] float32 ALiBi slopes (stride_ab 0 for [H]); unused without HAS_ALIBI
+    stride_ab, stride_ah,
+    softcap,  # > 0 with HAS_SOFTCAP
+    DIAG,  # Nk - Nq, the ALiBi distance's origin
+    IS_BANDED: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
     FP16_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -370,6 +482,7 @@ def _attn_bwd_dq_kernel(
     pid_bh = tl.program_id(1)
     off_b = pid_bh // H
     off_h = pid_bh % H
+    off_kvh = _kv_head(off_h, H, GROUP)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_nb = tl.arange(0, BLOCK_N)
@@ -391,16 +504,21 @@ def _attn_bwd_dq_kernel(
     lse2 = tl.load(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, mask=m_valid, other=0.0) * _LOG2E
     delta = tl.load(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, mask=m_valid, other=0.0)
 
-    k_base = K + off_b.to(tl.int64) * stride_kb + off_h.to(tl.int64) * stride_kh
-    v_base = V + off_b.to(tl.int64) * stride_vb + off_h.to(tl.int64) * stride_vh
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_kvh.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_kvh.to(tl.int64) * stride_vh
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(ALIBI + off_b * stride_ab + off_h * stride_ah)
 
-    if IS_CAUSAL:
-        hi = tl.minimum((pid_m + 1) * BLOCK_M, N_K)
+    if IS_BANDED:
+        lo = tl.maximum(pid_m * BLOCK_M + BAND_LO, 0) // BLOCK_N * BLOCK_N
+        hi = tl.minimum((pid_m + 1) * BLOCK_M + BAND_HI, N_K)
     else:
+        lo = 0
         hi = N_K
 
-    for start_n in range(0, hi, BLOCK_N):
+    for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_nb
         n_valid = offs_n < N_K
         kv_mask = n_valid[:, None] & d_valid[None, :]
@@ -413,17 +531,20 @@ def _attn_bwd_dq_kernel(
             mask=kv_mask, other=0.0,
         ).to(tl.float32)
 
-        sq = _mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION) * qk_scale
+        sq, tq = _scores(_mma(q, tl.trans(k), FP16_DOT, DOT_PRECISION), offs_m, offs_n, sm_scale, qk_scale,
+                         softcap, slope, DIAG, HAS_SOFTCAP, HAS_ALIBI)
         keep_q = m_valid[:, None] & n_valid[None, :]
-        if IS_CAUSAL:
-            keep_q = keep_q & _causal_keep(offs_m, offs_n)
-        sq = tl.where(keep_q, sq, float("-inf"))
+        if IS_BANDED:
+            keep_q = keep_q & _band_keep(offs_m, offs_n, BAND_LO, BAND_HI)
         # P <= 1 exactly; the clamp keeps the rounding of a huge lse (u(fp32) |lse| > 128 past
-        # |s| ~ 1e9) from recomputing P as exp2(+big) = inf and the gradients as NaN
-        p = tl.exp2(tl.minimum(sq - lse2[:, None], 0.0))
+        # |s| ~ 1e9) from recomputing P as exp2(+big) = inf and the gradients as NaN; pairs
+        # outside the band get P = 0 without forming s - lse (-inf - -inf on an empty row)
+        p = tl.where(keep_q, tl.exp2(tl.minimum(sq - lse2[:, None], 0.0)), 0.0)
 
         dp = _mma(do, tl.trans(v), FP16_DOT, DOT_PRECISION)
         ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * (1.0 - tq * tq)  # d softcap tanh(s / softcap) / d s
         dq += _mma(ds, k, FP16_DOT, DOT_PRECISION)
 
     dq = dq * sm_scale  # d s / d q = sm_scale * k
@@ -476,8 +597,8 @@ def _bwd_config(dtype: torch.dtype, block_d: int) -> tuple[int, int, int]:
     return 32, 32, 4
 
 
-def _check_inputs(q, k, v, causal, sm_scale) -> float:
-    """Validate the arguments of ``attention``; return the resolved sm_scale."""
+def _check_inputs(q, k, v, causal, sm_scale, window, alibi_slopes, softcap) -> tuple[float, tuple[int, int]]:
+    """Validate the arguments of ``attention``; return the resolved sm_scale and window."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -507,14 +628,16 @@ def _check_inputs(q, k, v, causal, sm_scale) -> float:
             "(or TRITON_INTERPRET=1 for CPU tensors)"
         )
     B, H, n_q, D = q.shape
-    if k.shape[0] != B or k.shape[1] != H:
+    if k.shape[0] != B:
+        raise ValueError(f"attention: k's batch dim {k.shape[0]} differs from q's {B}")
+    if v.shape[0] != B:
+        raise ValueError(f"attention: v's batch dim {v.shape[0]} differs from q's {B}")
+    if k.shape[1] < 1 or H % k.shape[1]:
         raise ValueError(
-            f"attention: k's batch and head dims {tuple(k.shape[:2])} differ from q's {(B, H)}"
+            f"attention: k has {k.shape[1]} heads, which must divide q's {H} (grouped-query attention)"
         )
-    if v.shape[0] != B or v.shape[1] != H:
-        raise ValueError(
-            f"attention: v's batch and head dims {tuple(v.shape[:2])} differ from q's {(B, H)}"
-        )
+    if v.shape[1] != k.shape[1]:
+        raise ValueError(f"attention: v has {v.shape[1]} heads (dim 1) but k has {k.shape[1]}; they must match")
     if k.shape[3] != D:
         raise ValueError(f"attention: k's head dim {k.shape[3]} differs from q's {D}")
     if v.shape[2] != k.shape[2]:
@@ -533,46 +656,111 @@ def _check_inputs(q, k, v, causal, sm_scale) -> float:
         raise ValueError(f"attention: q's head dim D={D} is not supported (1 <= D <= {MAX_HEAD_DIM})")
     if not isinstance(causal, (bool, int)) or isinstance(causal, float):
         raise TypeError(f"attention: causal must be a bool, got {causal!r}")
-    if causal and n_q != k.shape[2]:
-        raise ValueError(
-            f"attention: causal=True needs Nq == Nk, got q with {n_q} rows and k with {k.shape[2]}"
-        )
+    window = _check_window(window)
+    _check_alibi(alibi_slopes, q)
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"attention: softcap must be a real number (0 = off), got {softcap!r}")
+    if not math.isfinite(float(softcap)) or softcap < 0:
+        raise ValueError(f"attention: softcap must be finite and >= 0 (0 = off), got {softcap!r}")
     if sm_scale is None:
-        return 1.0 / math.sqrt(D)
+        return 1.0 / math.sqrt(D), window
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
         raise TypeError(f"attention: sm_scale must be a real number or None, got {sm_scale!r}")
     sm_scale = float(sm_scale)
     if not math.isfinite(sm_scale) or sm_scale <= 0.0:
         raise ValueError(f"attention: sm_scale must be finite and > 0, got {sm_scale!r}")
-    return sm_scale
+    return sm_scale, window
 
 
-def _forward(q, k, v, causal: bool, sm_scale: float):
+def _check_window(window) -> tuple[int, int]:
+    """``window`` as a pair of ints (left, right), each >= 0 or -1 (unbounded)."""
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"attention: window must be a pair (left, right) of ints, got {window!r}")
+    for side in window:
+        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
+            raise TypeError(f"attention: window must be a pair (left, right) of ints, got {window!r}")
+        if side < -1:
+            raise ValueError(f"attention: window sides must be >= 0 or -1 (unbounded), got {window!r}")
+    return int(window[0]), int(window[1])
+
+
+def _check_alibi(slopes, q) -> None:
+    """ALiBi slopes: None, or a float32 tensor [H] or [B, H] on q's device, finite."""
+    if slopes is None:
+        return
+    if not isinstance(slopes, torch.Tensor):
+        raise TypeError(f"attention: alibi_slopes must be a torch.Tensor or None, got {type(slopes).__name__}")
+    if slopes.dtype != torch.float32:
+        raise TypeError(f"attention: alibi_slopes must be float32, got {slopes.dtype}")
+    B, H = q.shape[:2]
+    if tuple(slopes.shape) not in ((H,), (B, H)):
+        raise ValueError(f"attention: alibi_slopes must have shape [H] = [{H}] or [B, H] = [{B}, {H}], "
+                         f"got {tuple(slopes.shape)}")
+    if slopes.device != q.device:
+        raise ValueError(f"attention: alibi_slopes is on {slopes.device}, q on {q.device}")
+    if not bool(torch.isfinite(slopes).all()):
+        raise ValueError("attention: alibi_slopes must be finite")
+
+
+def _alibi_args(slopes, fallback) -> tuple:
+    """(pointer, stride_ab, stride_ah) of the ALiBi slopes; [H] has batch stride 0. Without
+    slopes a pointer that is never read (HAS_ALIBI False)."""
+    if slopes is None:
+        return fallback, 0, 0
+    if slopes.dim() == 1:
+        return slopes, 0, slopes.stride(0)
+    return slopes, slopes.stride(0), slopes.stride(1)
+
+
+def _band(n_q: int, n_k: int, causal: bool, window: tuple[int, int]) -> tuple[bool, int, int]:
+    """(IS_BANDED, BAND_LO, BAND_HI): query i keeps keys i + BAND_LO <= j <= i + BAND_HI.
+
+    Masks align to the bottom right (flash-attention >= 2.1): row i's diagonal key is
+    i + diag, diag = Nk - Nq. window = (left, right) keeps diag - left .. diag + right
+    around it, causal caps right at 0. An unbounded side (-1) gets a bound past every
+    key: j >= i + diag - Nk holds for every j >= 0 since i + diag - Nk <= Nq - 1 - Nq < 0,
+    and j <= i + diag + Nq holds for every j < Nk since i + diag + Nq >= Nk."""
+    diag = n_k - n_q
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    banded = causal or left >= 0 or right >= 0
+    band_lo = diag - (left if left >= 0 else n_k)
+    band_hi = diag + (right if right >= 0 else n_q)
+    return banded, band_lo, band_hi
+
+
+def _forward(q, k, v, causal: bool, sm_scale: float, window: tuple[int, int], alibi_slopes, softcap: float):
     B, H, n_q, D = q.shape
     n_k = k.shape[2]
     block_d = _block_d(D)
     block_m, block_n, num_warps = _fwd_config(q.dtype, block_d)
     fp16_dot, precision = _dot_mode(q.dtype)
+    banded, band_lo, band_hi = _band(n_q, n_k, causal, window)
     o = torch.empty((B, H, n_q, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(n_q, block_m), B * H)
     _attn_fwd_kernel[grid](
         q, k, v, o, lse,
         *_qkv_strides(q), *_qkv_strides(k), *_qkv_strides(v), *o.stride(),
-        H, n_q, n_k, D, sm_scale * LOG2E,
-        IS_CAUSAL=bool(causal), FP16_DOT=fp16_dot, DOT_PRECISION=precision,
+        H, H // k.shape[1], n_q, n_k, D, sm_scale * LOG2E, band_lo, band_hi,
+        *_alibi_args(alibi_slopes, lse), sm_scale, softcap or 1.0, n_k - n_q,
+        IS_BANDED=banded, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+        FP16_DOT=fp16_dot, DOT_PRECISION=precision,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=num_warps,
     )
     return o, lse
 
 
-def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float):
+def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, window: tuple[int, int], alibi_slopes,
+              softcap: float):
     B, H, n_q, D = q.shape
-    n_k = k.shape[2]
+    h_kv, n_k = k.shape[1], k.shape[2]
     block_d = _block_d(D)
     block_m, block_n, num_warps = _bwd_config(q.dtype, block_d)
     fp16_dot, precision = _dot_mode(q.dtype)
+    banded, band_lo, band_hi = _band(n_q, n_k, causal, window)
 
     delta = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
     pre_m = 16 if _interpreting() else 64
@@ -582,22 +770,26 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float):
     )
 
     dq = torch.empty((B, H, n_q, D), dtype=q.dtype, device=q.device)
-    dk = torch.empty((B, H, n_k, D), dtype=k.dtype, device=q.device)
-    dv = torch.empty((B, H, n_k, D), dtype=v.dtype, device=q.device)
+    dk = torch.empty((B, h_kv, n_k, D), dtype=k.dtype, device=q.device)
+    dv = torch.empty((B, h_kv, n_k, D), dtype=v.dtype, device=q.device)
     strides = (*_qkv_strides(q), *_qkv_strides(k), *_qkv_strides(v), *do.stride())
-    _attn_bwd_dkdv_kernel[(triton.cdiv(n_k, block_n), B * H)](
+    _attn_bwd_dkdv_kernel[(triton.cdiv(n_k, block_n), B * h_kv)](
         q, k, v, do, lse, delta, dk, dv,
         *strides, *dk.stride(),
-        H, n_q, n_k, D, sm_scale, sm_scale * LOG2E,
-        IS_CAUSAL=bool(causal), FP16_DOT=fp16_dot, DOT_PRECISION=precision,
+        H, H // h_kv, n_q, n_k, D, sm_scale, sm_scale * LOG2E, band_lo, band_hi,
+        *_alibi_args(alibi_slopes, lse), softcap or 1.0, n_k - n_q,
+        IS_BANDED=banded, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+        FP16_DOT=fp16_dot, DOT_PRECISION=precision,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=num_warps,
     )
     _attn_bwd_dq_kernel[(triton.cdiv(n_q, block_m), B * H)](
         q, k, v, do, lse, delta, dq,
         *strides, *dq.stride(),
-        H, n_q, n_k, D, sm_scale, sm_scale * LOG2E,
-        IS_CAUSAL=bool(causal), FP16_DOT=fp16_dot, DOT_PRECISION=precision,
+        H, H // h_kv, n_q, n_k, D, sm_scale, sm_scale * LOG2E, band_lo, band_hi,
+        *_alibi_args(alibi_slopes, lse), softcap or 1.0, n_k - n_q,
+        IS_BANDED=banded, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+        FP16_DOT=fp16_dot, DOT_PRECISION=precision,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=num_warps,
     )
@@ -606,30 +798,36 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float):
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale):
-        o, lse = _forward(q, k, v, causal, sm_scale)
-        ctx.save_for_backward(q, k, v, o, lse)
+    def forward(ctx, q, k, v, causal, sm_scale, window, alibi_slopes, softcap):
+        o, lse = _forward(q, k, v, causal, sm_scale, window, alibi_slopes, softcap)
+        ctx.save_for_backward(q, k, v, o, lse, alibi_slopes)
         ctx.causal = causal
         ctx.sm_scale = sm_scale
+        ctx.window = window
+        ctx.softcap = softcap
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
-        q, k, v, o, lse = ctx.saved_tensors
+        q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
         if do.dtype != q.dtype:
             do = do.to(q.dtype)
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale)
-        return dq, dk, dv, None, None
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale, ctx.window, alibi_slopes,
+                               ctx.softcap)
+        return dq, dk, dv, None, None, None, None, None
 
 
-def attention(q, k, v, causal=False, sm_scale=None):
-    """Flash attention ``(o, lse)``; see the module docstring for the math and limits."""
-    scale = _check_inputs(q, k, v, causal, sm_scale)
+def attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
+    """Flash attention ``(o, lse)``; see the module docstring for the math and limits.
+
+    The ALiBi slopes are not differentiated (no gradient is returned for them)."""
+    scale, window = _check_inputs(q, k, v, causal, sm_scale, window, alibi_slopes, softcap)
+    args = (q, k, v, bool(causal), scale, window, alibi_slopes, float(softcap))
     if q.device.type == "cuda":
         with torch.cuda.device(q.device):
-            return _FlashAttention.apply(q, k, v, bool(causal), scale)
-    return _FlashAttention.apply(q, k, v, bool(causal), scale)
+            return _FlashAttention.apply(*args)
+    return _FlashAttention.apply(*args)
 
 
 attention.dtypes = _DTYPES

@@ -49,20 +49,21 @@ accumulator_not_rescaled = mutant(
            "key_permutation_invariant", "split_kv_merge"),
 )
 
-# The shared causal-mask helper drops the diagonal: key j = i is masked too. Row 0 has
-# no key left (o = NaN, lse = -inf); other rows lose their own key. Future keys stay
+# The shared band-mask helper drops the band's upper edge, for causal calls the diagonal:
+# key j = i + Nk - Nq is masked too. Causal row 0 with Nq == Nk has no key left (o = 0,
+# lse = -inf, an empty row); other rows lose their own key. Future keys stay
 # masked, so causal_mask_respected / causal_gradient_respected / batch_heads_independent
-# fail only through row 0's NaN (NaN != NaN), which is not listed as a kill. Nor is
+# fail only through row 0 (now empty, o = 0), which is not listed as a kill. Nor is
 # online_lse_matches_full now that it compares the implementation's block-wise lse with its
 # own full one: the blocks drop the same diagonal, so the two agree (it survived all three
 # dtypes in the CI run of 2026-11-23).
 causal_off_by_one = mutant(
     "attention", _kernel,
-    [("return offs_n[None, :] <= offs_m[:, None]",
-      "return offs_n[None, :] < offs_m[:, None]")],
+    [("(offs_n[None, :] <= offs_m[:, None] + BAND_HI)",
+      "(offs_n[None, :] < offs_m[:, None] + BAND_HI)")],
     name="causal_off_by_one",
     bug="Causal mask j >= i instead of j > i (diagonal excluded; an off-by-one in the "
-        "mask comparison). Triggers on every causal input: row 0 becomes NaN, the "
+        "mask comparison). Triggers on every causal input: row 0 becomes empty, the "
         "other rows ignore their own key. Applies to forward and backward.",
     kills=("matches_reference", "gradients_match_reference"),
 )
@@ -72,8 +73,8 @@ causal_off_by_one = mutant(
 # the diagonal block), every other row does, e.g. row 0 sees key 1.
 causal_future_key_visible = mutant(
     "attention", _kernel,
-    [("return offs_n[None, :] <= offs_m[:, None]",
-      "return offs_n[None, :] <= offs_m[:, None] + 1")],
+    [("(offs_n[None, :] <= offs_m[:, None] + BAND_HI)",
+      "(offs_n[None, :] <= offs_m[:, None] + BAND_HI + 1)")],
     name="causal_future_key_visible",
     bug="Causal mask j > i + 1 instead of j > i: each query sees one future key "
         "(an off-by-one shifting the diagonal). Triggers on any causal input with "
@@ -87,8 +88,8 @@ causal_future_key_visible = mutant(
 # every gradient are wrong.
 lse_in_log2_units = mutant(
     "attention", _kernel,
-    [("lse = (m_i + tl.log2(l_i)) * _LN2  # natural log",
-      "lse = m_i + tl.log2(l_i)")],
+    [("(m_i + tl.log2(l_i)) * _LN2)  # natural log",
+      "m_i + tl.log2(l_i))")],
     name="lse_in_log2_units",
     bug="The log2-domain running statistics are stored without converting back to "
         "natural log (lse is log2(e) times too large; the exp2 trick leaking out). "
@@ -143,12 +144,117 @@ dk_missing_scale = mutant(
 # key j. The forward and dq are right.
 dkdv_causal_mask_missing = mutant(
     "attention", _kernel,
-    [("keep = keep & _causal_keep(offs_m, offs_n)", "keep = keep")],
+    [("keep = keep & _band_keep(offs_m, offs_n, BAND_LO, BAND_HI)", "keep = keep")],
     name="dkdv_causal_mask_missing",
     bug="Backward: the dk/dv kernel recomputes P without the causal mask (a mask "
         "applied in the forward but not repeated in the backward). Triggers on causal "
         "inputs with N >= 2: future keys get gradient from earlier queries.",
     kills=("gradients_match_reference", "causal_gradient_respected"),
+)
+
+# GQA: query head h reads KV head h % Hkv instead of h // (H / Hkv) (forward and dq; the
+# dk/dv kernel walks each KV head's own group). Heads interleaved instead of grouped: the
+# layout confusion between repeat and repeat_interleave. With Hkv = 1 (MQA) or Hkv = H
+# both maps agree, so only 1 < Hkv < H triggers it (e.g. H = 4, Hkv = 2: head 1 reads KV
+# head 1, not 0). Not key_permutation_invariant or batch_heads_independent: both compare
+# the kernel with itself, which reads the same wrong head twice. Not claimed for
+# gradients_match_reference: its cases draw H = 4 with Hkv = 2 too rarely (it survived
+# all three dtypes in the first self-test run); gqa_equals_repeated_kv draws it always.
+kv_head_interleaved = mutant(
+    "attention", _kernel,
+    [("return off_h // GROUP", "return off_h % (H // GROUP)")],
+    name="kv_head_interleaved",
+    bug="GQA: query head h reads KV head h % Hkv instead of h // (H / Hkv) (groups of "
+        "query heads interleaved instead of consecutive). Triggers when 1 < Hkv < H, e.g. "
+        "H = 4, Hkv = 2: every head reads another head's keys and values.",
+    kills=("matches_reference", "gqa_equals_repeated_kv"),
+)
+
+# The band's diagonal is aligned to the top left (row i's diagonal key is i) instead of the
+# bottom right (i + Nk - Nq): flash-attention < 2.1's causal convention. Identical when
+# Nq == Nk; with Nq < Nk each row misses its last Nk - Nq keys, with Nq > Nk no row is empty.
+causal_top_left = mutant(
+    "attention", _kernel,
+    [("diag = n_k - n_q", "diag = 0")],
+    name="causal_top_left",
+    bug="Causal mask aligned to the top left (j <= i) instead of the bottom right "
+        "(j <= i + Nk - Nq), the convention flash-attention changed in 2.1. Triggers on "
+        "causal calls with Nq != Nk (KV cache decoding, chunked prefill).",
+    kills=("matches_reference", "gradients_match_reference", "bottom_right_causal_is_last_rows",
+           "empty_rows_zero"),
+)
+
+# The band's lower edge one key too far left: row i also sees key i + Nk - Nq - left - 1
+# (a `>=` written against the wrong bound, or left counted exclusive). Only windows with a
+# left bound trigger it (causal alone has none). Forward and backward (one shared helper).
+window_left_edge_off_by_one = mutant(
+    "attention", _kernel,
+    [("(offs_n[None, :] >= offs_m[:, None] + BAND_LO)", "(offs_n[None, :] >= offs_m[:, None] + BAND_LO - 1)")],
+    name="window_left_edge_off_by_one",
+    bug="Sliding window: the band's left edge is off by one, each row sees one key more than "
+        "window[0] to its left. Triggers on windowed calls with left >= 0 and a key past the "
+        "edge (e.g. window (3, -1), Nq = Nk = 8: row 4 sees key 0).",
+    kills=("matches_reference", "gradients_match_reference", "window_outside_keys_ignored"),
+)
+
+# A window side of 0 read as unbounded (an API where 0 means "no window"): window (Nk, 0)
+# becomes no mask at all, and so does causal (folded into the band as right = 0).
+window_zero_as_unbounded = mutant(
+    "attention", _kernel,
+    [("band_hi = diag + (right if right >= 0 else n_q)", "band_hi = diag + (right if right > 0 else n_q)")],
+    name="window_zero_as_unbounded",
+    bug="A window side of 0 is taken as unbounded (-1) instead of 'no key on that side': "
+        "window (left, 0) sees every later key, and causal (right = 0 in the band) masks "
+        "nothing. Triggers on causal calls and windows with a side of 0.",
+    kills=("matches_reference", "gradients_match_reference", "window_equivalences", "causal_mask_respected"),
+)
+
+# ALiBi's bias added instead of subtracted: far keys gain weight (a sign convention mixed
+# up between a bias and a penalty).
+alibi_sign_flipped = mutant(
+    "attention", _kernel,
+    [("s = s - slope * dist", "s = s + slope * dist")],
+    name="alibi_sign_flipped",
+    bug="ALiBi: s += slope |i + Nk - Nq - j| instead of -= (bias sign flipped). Triggers on "
+        "any call with nonzero slopes and Nk >= 2.",
+    kills=("matches_reference", "gradients_match_reference", "alibi_shift_invariant"),
+)
+
+# ALiBi's distance measured from the top-left diagonal (|i - j|) instead of the row's own
+# bottom-right one (|i + Nk - Nq - j|): the same when Nq == Nk.
+alibi_distance_top_left = mutant(
+    "attention", _kernel,
+    [("tl.abs(offs_m[:, None] + DIAG - offs_n[None, :])", "tl.abs(offs_m[:, None] - offs_n[None, :])")],
+    name="alibi_distance_top_left",
+    bug="ALiBi distance |i - j| instead of |i + Nk - Nq - j| (the origin of the distance is "
+        "the top-left diagonal while the causal mask is bottom-right). Triggers on ALiBi "
+        "calls with Nq != Nk (decoding with a KV cache).",
+    kills=("matches_reference", "gradients_match_reference", "alibi_shift_invariant"),
+)
+
+# Softcap applied to the raw dot product, scaled afterwards: sm_scale c tanh(q.k / c)
+# instead of c tanh(sm_scale q.k / c) (the cap then bounds scores at sm_scale c).
+softcap_before_scale = mutant(
+    "attention", _kernel,
+    [("t = _tanh(s / softcap)", "t = _tanh(qk / softcap)"),
+     ("s = softcap * t", "s = sm_scale * softcap * t")],
+    name="softcap_before_scale",
+    bug="Softcap applied before the softmax scale: sm_scale c tanh(q.k / c) instead of "
+        "c tanh(sm_scale q.k / c) (the order of scale and cap swapped). Triggers on "
+        "softcapped calls whose scores reach the cap's curved part, with sm_scale != 1.",
+    kills=("matches_reference", "gradients_match_reference"),
+)
+
+# The scores path taken with a softcap or ALiBi drops sm_scale (the plain path folds it
+# into qk_scale, so plain calls stay right).
+scale_dropped_with_modifiers = mutant(
+    "attention", _kernel,
+    [("        s = qk * sm_scale\n        t = s", "        s = qk\n        t = s")],
+    name="scale_dropped_with_modifiers",
+    bug="With a softcap or ALiBi the kernel's separate score path forgets sm_scale (a "
+        "second code path not kept in step with the first). Triggers on any call with "
+        "ALiBi slopes or softcap > 0 and sm_scale != 1.",
+    kills=("matches_reference", "gradients_match_reference", "alibi_zero_slopes_plain", "softcap_large_cap_plain"),
 )
 
 MUTANTS = (
@@ -161,4 +267,12 @@ MUTANTS = (
     lse_ignores_batch_index,
     dk_missing_scale,
     dkdv_causal_mask_missing,
+    kv_head_interleaved,
+    causal_top_left,
+    window_left_edge_off_by_one,
+    window_zero_as_unbounded,
+    alibi_sign_flipped,
+    alibi_distance_top_left,
+    softcap_before_scale,
+    scale_dropped_with_modifiers,
 )

@@ -1,5 +1,11 @@
-"""attention(q, k, v, causal=False, sm_scale=None) -> (o, lse): strategy, tolerance
-binding and properties.
+"""attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None,
+softcap=0.0) -> (o, lse): strategy, tolerance binding and properties.
+
+The strategy draws every variant and their combinations: GQA (Hkv | H), Nq != Nk with
+bottom-right causal (rows without a key when Nq > Nk), windows, ALiBi slopes ([H] or
+[B, H]) and softcaps; the arguments after sm_scale are passed only up to the last one a
+case uses (:func:`case_args`). The key-split checks draw no ALiBi (a block call measures
+the ALiBi distance from its own diagonal).
 
 The domain (what the contract can mean for finite inputs of the dtype):
 
@@ -41,7 +47,7 @@ from properties import backend, tolerance
 from properties.config import CONFIG
 from properties.generic import generic_checks, precision, require_grad_fn, run, with_upstream
 from properties.generic import gradients_match_reference as _generic_gradients_match_reference
-from properties.limits import NO_LIMITS, Limits
+from properties.limits import NO_LIMITS, Limits, OutsideLimits
 from properties.oracle import assert_close, assert_identical, to_numpy
 from properties.registry import OPS, Check, Implementation, OpSpec, register
 from properties.strategies import Case, Layout, TensorSpec, layouts, special_values, tensors
@@ -54,6 +60,13 @@ BLOCKS = (16, 32, 64)
 HEAD_DIMS_SMALL = (16, 32, 16, 32, 24, 64, 80, 128, 5)
 HEAD_DIMS_LARGE = (64, 128, 16, 32, 24, 80, 5, 1)
 SM_SCALES = (None, 0.5, 2.0, 1e-3)
+NO_WINDOW = (-1, -1)
+# (left, right) bands, -1 unbounded: none first (shrinks to it), a band of the diagonal key
+# alone, one-sided bands, and bands wider than the interpreter's blocks (16)
+WINDOWS = (NO_WINDOW, (0, 0), (3, -1), (-1, 2), (4, 1), (1, 4), (16, 0), (0, 17), (33, 7))
+# softcap 0 = off first; caps that saturate typical scores (0.25), Gemma's 30 and 50, one far above
+SOFTCAPS = (0.0, 30.0, 4.0, 0.25, 50.0, 1e4)
+ALIBI_SCALES = (0.5, 0.0625, 1e-3)  # slopes ~ N(0, scale^2): ALiBi's are 2^-1 .. 2^-8
 QKV_FAMILIES = ("normal", "near_max", "tiny", "constant", "outlier", "offset")
 _BNHD = Layout(order=(0, 2, 1, 3))  # [B, N, H, D] storage seen as [B, H, N, D]
 _CONTIGUOUS = Layout(order=(0, 1, 2, 3))
@@ -110,33 +123,115 @@ def _late_max(draw, k: TensorSpec, cap: float) -> TensorSpec:
     return dataclasses.replace(k, injections=k.injections + tuple(extra))
 
 
+ARGS = ("q", "k", "v", "causal", "sm_scale")
+EXTRA_ARGS = ("window", "alibi_slopes", "softcap")  # in the contract's order, after ARGS
+_DEFAULTS = {"window": NO_WINDOW, "alibi_slopes": None, "softcap": 0.0}
+
+
+def case_args(params: dict, tensors=()) -> tuple[str, ...]:
+    """The positional arguments of a call: the original five, then the newer ones up to the
+    last that is not its default, so a kernel written before them takes the plain cases."""
+    used = {"window": tuple(params.get("window", NO_WINDOW)) != NO_WINDOW, "alibi_slopes": "alibi_slopes" in tensors,
+            "softcap": params.get("softcap", 0.0) != 0.0}
+    last = max((i for i, name in enumerate(EXTRA_ARGS) if used[name]), default=-1)
+    return ARGS + EXTRA_ARGS[:last + 1]
+
+
+def _complete(params: dict, args: tuple[str, ...], tensors) -> dict:
+    """``params`` with the defaults of positional arguments that are neither set nor tensors."""
+    return {**{a: _DEFAULTS[a] for a in args if a in _DEFAULTS and a not in tensors}, **params}
+
+
+def window_of(case: Case) -> tuple[int, int]:
+    return tuple(case.params.get("window", NO_WINDOW))
+
+
+def with_params(case: Case, **params) -> Case:
+    """``case`` with scalar arguments changed (and its positional arguments to match)."""
+    new = {**case.params, **params}
+    args = case_args(new, case.tensors)
+    return dataclasses.replace(case, args=args, params=_complete(new, args, case.tensors))
+
+
+def mods(case: Case, values: dict | None = None) -> dict:
+    """The score modifiers of a case for the references and rules: ALiBi slopes (fp64
+    NumPy, from ``values`` when given, else materialised) and softcap."""
+    slopes = None
+    if "alibi_slopes" in case.tensors:
+        t = values["alibi_slopes"] if values is not None and "alibi_slopes" in values else \
+            case.tensors["alibi_slopes"].materialise("cpu")
+        slopes = to_numpy(t) if t is not None else None
+    softcap = values.get("softcap", case.params.get("softcap", 0.0)) if values is not None else \
+        case.params.get("softcap", 0.0)
+    return {"alibi_slopes": slopes, "softcap": float(softcap)}
+
+
 @st.composite
 def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n: int = 1,
-                    min_bh: int = 1, limits: Limits = NO_LIMITS) -> Case:
-    """q [B, H, Nq, D], k and v [B, H, Nk, D]; causal forces Nq == Nk.
+                    min_bh: int = 1, limits: Limits = NO_LIMITS, gqa: bool | None = None,
+                    shape: str | None = None, windows: tuple | None = None, alibi: bool | None = None,
+                    softcaps: tuple | None = None, max_d: int = 128, sm_scales: tuple | None = None) -> Case:
+    """q [B, H, Nq, D], k and v [B, Hkv, Nk, D] with Hkv | H.
 
     ``causal`` None draws it; ``min_n`` and ``min_bh`` are for properties that need
-    two keys (or rows) or two (batch, head) slices."""
+    two keys (or rows) or two (batch, head) slices. ``gqa`` True draws H = 4 and Hkv < H
+    (2 or 1: two KV heads shared by two query heads each trigger a wrong head map), None
+    any divisor of H. ``shape`` "wide" draws Nq < Nk, "tall" Nq > Nk, None either (Nq ==
+    Nk half the time when causal). ``windows``, ``softcaps``: the values to draw from (None:
+    WINDOWS, SOFTCAPS); ``alibi`` True or False forces ALiBi slopes ([H] or [B, H], float32)
+    on or off, None draws it; ``max_d`` caps the head dim."""
     causal = draw(limits.choice("causal", (False, True) if causal is None else (causal,)))
+    window = draw(limits.choice("window", WINDOWS if windows is None else windows))
     n_max = CONFIG.pick(70, 2048)
-    n_q = draw((limits.joined("Nq", "Nk") if causal else limits).size("Nq", min_n, n_max, blocks=BLOCKS))
-    n_k = n_q if causal else draw(limits.size("Nk", min_n, n_max, blocks=BLOCKS))
-    d = draw(limits.specialised_pick("attention", dtype, "D", CONFIG.pick(HEAD_DIMS_SMALL, HEAD_DIMS_LARGE)))
+    square = shape is None and causal and draw(st.booleans())
+    n_q = draw((limits.joined("Nq", "Nk") if square else limits).size("Nq", min_n + (shape == "tall"),
+                                                                       n_max, blocks=BLOCKS))
+    if square:
+        n_k = n_q
+    elif shape == "wide":
+        n_k = draw(limits.size("Nk", n_q + 1, n_max + 1, blocks=BLOCKS))
+    elif shape == "tall":
+        n_k = draw(limits.size("Nk", min_n, n_q - 1, blocks=BLOCKS))
+    else:
+        n_k = draw(limits.size("Nk", min_n, n_max, blocks=BLOCKS))
+    d = draw(limits.specialised_pick("attention", dtype, "D", [n for n in CONFIG.pick(HEAD_DIMS_SMALL, HEAD_DIMS_LARGE)
+                                                               if n <= max_d]))
     work = CONFIG.pick(math.ceil(n_q / 16) * math.ceil(n_k / 16), n_q * n_k)
+    if gqa:
+        min_bh = max(min_bh, 4)
     max_bh = max(min_bh, CONFIG.pick(_TILE_BUDGET, _SCORE_BUDGET) // work)
-    b = draw(limits.specialised("attention", dtype, "B", 1, min(3, max_bh), span=(1, 3)))
+    b = draw(limits.specialised("attention", dtype, "B", 1, max(1, min(3, max_bh // 4)) if gqa else min(3, max_bh),
+                                span=(1, 3)))
     h_lo = max(1, math.ceil(min_bh / b))
-    h = draw(limits.specialised("attention", dtype, "H", h_lo, max(min(3, max_bh // b), h_lo), span=(1, 3)))
-    sm_scale = draw(limits.choice("sm_scale", SM_SCALES))
+    if gqa:
+        h = draw(limits.pick("H", (4,)))  # declared head counts replace 4
+        grouped = [n for n in range(h - 1, 0, -1) if h % n == 0 and n in limits.sizes.get("Hkv", (n,))]
+        if not grouped:
+            raise OutsideLimits(f"GQA needs H >= 2 with a proper divisor inside the declared Hkv limits; H = {h}")
+        h_kv = draw(limits.pick("Hkv", grouped))
+    else:
+        h = draw(limits.specialised("attention", dtype, "H", h_lo, max(min(4, max_bh // b), h_lo), span=(1, 4)))
+        # Hkv = H first (plain multi-head attention is what a failure shrinks to); declared
+        # Hkv limits keep the divisors of H inside them
+        h_kv = draw(limits.pick("Hkv", [n for n in range(h, 0, -1) if h % n == 0
+                                        and n in limits.sizes.get("Hkv", (n,))]))
+    sm_scale = draw(limits.choice("sm_scale", SM_SCALES if sm_scales is None else sm_scales))
     scale = _resolved_scale(sm_scale, d)
     cap = qk_cap(dtype, d, scale)
     q = draw(_qkv((b, h, n_q, d), dtype, cap))
-    k = draw(_qkv((b, h, n_k, d), dtype, cap))
+    k = draw(_qkv((b, h_kv, n_k, d), dtype, cap))
     if n_k > 16 and draw(st.booleans()):
         k = draw(_late_max(k, cap))
-    v = draw(_qkv((b, h, n_k, d), dtype, v_cap(dtype, n_k)))
-    return Case("attention", str(dtype).replace("torch.", ""), ("q", "k", "v", "causal", "sm_scale"),
-                {"q": q, "k": k, "v": v}, {"causal": bool(causal), "sm_scale": sm_scale})
+    v = draw(_qkv((b, h_kv, n_k, d), dtype, v_cap(dtype, n_k)))
+    softcap = draw(limits.choice("softcap", SOFTCAPS if softcaps is None else softcaps))
+    specs = {"q": q, "k": k, "v": v}
+    if draw(st.booleans()) if alibi is None else alibi:
+        shape_ab = (b, h) if draw(st.booleans()) else (h,)
+        specs["alibi_slopes"] = draw(tensors(shape_ab, torch.float32, scales=ALIBI_SCALES, layout=False))
+    # every scalar in params (what limits and properties read), passed only as far as args go
+    params = {"causal": bool(causal), "sm_scale": sm_scale, "window": tuple(window), "softcap": softcap}
+    args = case_args(params, specs)
+    return Case("attention", str(dtype).replace("torch.", ""), args, specs, _complete(params, args, specs))
 
 
 def _cases(**fixed):
@@ -159,22 +254,26 @@ def _scale_of(case: Case) -> float:
 
 def attention_tolerance(case, inputs64, expected, p):
     o, lse = rules.attention(inputs64["q"], inputs64["k"], inputs64["v"], expected["o"],
-                                 expected["lse"], case.params["causal"], _scale_of(case), p)
+                             expected["lse"], case.params["causal"], _scale_of(case), p, window_of(case),
+                             **mods(case, inputs64))
     return {"o": o, "lse": lse}
 
 
 def attention_grad_tolerance(case, inputs64, outputs64, grads64, p):
     return rules.attention_grad(inputs64["q"], inputs64["k"], inputs64["v"], inputs64["do"],
-                                    outputs64["o"], outputs64["lse"], grads64["q"], grads64["k"],
-                                    grads64["v"], case.params["causal"], _scale_of(case), p)
+                                outputs64["o"], outputs64["lse"], grads64["q"], grads64["k"],
+                                grads64["v"], case.params["causal"], _scale_of(case), p, window_of(case),
+                                **mods(case, inputs64))
 
 
 def _allowed(case: Case, impl: Implementation, values) -> tuple[dict, np.ndarray, np.ndarray]:
     """fp64 reference outputs on ``values`` and their allowed errors (o, lse)."""
     q, k, v = (to_numpy(values[n]) for n in ("q", "k", "v"))
-    causal, scale = case.params["causal"], _scale_of(case)
-    o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"])
-    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, scale, precision(impl, case))
+    causal, scale, window = values.get("causal", case.params["causal"]), _scale_of(case), \
+        tuple(values.get("window", window_of(case)))
+    extra = mods(case, values)
+    o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"], window, **extra)
+    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, scale, precision(impl, case), window, **extra)
     return {"o": o, "lse": lse}, a_o, a_lse
 
 
@@ -186,15 +285,21 @@ def _backward_sums_in_domain(case: Case, q, k, v, do, o) -> None:
     P^T |dO|, in fp32 or the input dtype): the gradient, or a partial sum of it, cannot
     be held. Arguments are fp64 torch tensors; ``o`` is the fp64 reference output."""
     scale = _scale_of(case)
-    s = (q @ k.transpose(-1, -2)) * scale
-    if case.params["causal"]:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-    pr = torch.softmax(s, dim=-1)
+    k_heads = k.shape[1]
+    k, v = ref.repeat_kv(k, q.shape[1]), ref.repeat_kv(v, q.shape[1])
+    s = ref._scores(q @ k.transpose(-1, -2), scale, **mods(case))
+    visible = torch.from_numpy(ref.visible_pairs(s.shape[-2], s.shape[-1], case.params["causal"], window_of(case)))
+    # rows that see no key have P = 0 (the contract's o = 0), not a softmax of -inf
+    pr = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
     dp = do @ v.transpose(-1, -2)
     ds = (pr * (dp - (do * o).sum(-1, keepdim=True))).abs()
     big_scale = max(1.0, scale)  # the kernel multiplies by the scale after the sum
+
+    def group_sum(t):  # dk, dv of a shared KV head sum over its group of query heads
+        return t.reshape(t.shape[0], k_heads, -1, *t.shape[2:]).sum(dim=2)
+
     sums = (do.abs() @ v.abs().transpose(-1, -2), big_scale * (ds @ k.abs()),
-            big_scale * (ds.transpose(-1, -2) @ q.abs()), pr.transpose(-1, -2) @ do.abs())
+            group_sum(big_scale * (ds.transpose(-1, -2) @ q.abs())), group_sum(pr.transpose(-1, -2) @ do.abs()))
     big = max(float(t.max()) for t in sums)
     assume(math.isfinite(big) and big <= _fmax(getattr(torch, case.dtype)) / 8)
 
@@ -202,7 +307,8 @@ def _backward_sums_in_domain(case: Case, q, k, v, do, o) -> None:
 def _gradient_domain(case: Case, values) -> None:
     """:func:`_backward_sums_in_domain` on materialised ``values`` (q, k, v, do)."""
     q, k, v, do = (values[n].detach().to("cpu", torch.float64) for n in ("q", "k", "v", "do"))
-    o, _ = ref.attention_torch(q, k, v, case.params["causal"], case.params["sm_scale"])
+    o, _ = ref.attention_torch(q, k, v, case.params["causal"], case.params["sm_scale"], window_of(case),
+                               **mods(case, values))
     _backward_sums_in_domain(case, q, k, v, do, o)
 
 
@@ -228,6 +334,11 @@ def _row_of(case: Case, n: int) -> int:
     return case.tensors["k"].seed % max(n - 1, 1)
 
 
+def _diag(values: dict) -> int:
+    """Nk - Nq: query row i's diagonal key is i + diag (bottom-right alignment)."""
+    return values["k"].shape[-2] - values["q"].shape[-2]
+
+
 def _fresh(spec: TensorSpec, device) -> torch.Tensor:
     """Other values for a tensor: the same spec with another seed and no injections,
     in the same layout."""
@@ -240,28 +351,30 @@ def _relayout(spec: TensorSpec, values: torch.Tensor) -> torch.Tensor:
 
 
 def causal_mask_respected(case: Case, impl: Implementation) -> None:
-    """Causal: giving keys and values j > i fresh values leaves rows 0..i of o and lse
-    bitwise unchanged (a query never sees a future key)."""
+    """Causal: giving keys and values j > i + Nk - Nq fresh values leaves rows 0..i of o
+    and lse bitwise unchanged (a query never sees a key past its bottom-right diagonal)."""
     values, outs = run(case, impl)
     n = values["q"].shape[-2]
     i = _row_of(case, n)
+    first = max(0, i + _diag(values) + 1)  # the first key row i must not see
     changed = dict(values)
     for name in ("k", "v"):
         new = values[name].detach().clone()
-        new[..., i + 1:, :] = _fresh(case.tensors[name], new.device)[..., i + 1:, :]
+        new[..., first:, :] = _fresh(case.tensors[name], new.device)[..., first:, :]
         changed[name] = _relayout(case.tensors[name], new)
     _, outs2 = run(case, impl, changed)
-    what = f"changing keys/values j > {i} changed causal output rows <= {i}"
+    what = f"changing keys/values j >= {first} changed causal output rows <= {i}"
     assert_identical("o", outs["o"][..., :i + 1, :], outs2["o"][..., :i + 1, :], what)
     assert_identical("lse", outs["lse"][..., :i + 1], outs2["lse"][..., :i + 1], what)
 
 
 def causal_gradient_respected(case: Case, impl: Implementation) -> None:
     """Causal: with the upstream gradient zero except on row i of o, the gradients of
-    keys and values j > i are exactly zero, and so is dq outside row i."""
+    keys and values j > i + Nk - Nq are exactly zero, and so is dq outside row i."""
     values = case.materialise(backend.device())
     n = values["q"].shape[-2]
     i = _row_of(case, n)
+    first = max(0, i + _diag(values) + 1)  # the first key row i does not see
     do = values["do"].detach().clone()
     keep = torch.zeros_like(do)
     keep[..., i, :] = do[..., i, :]
@@ -272,9 +385,9 @@ def causal_gradient_respected(case: Case, impl: Implementation) -> None:
     require_grad_fn(OPS["attention"], impl, outs)
     dq, dk, dv = torch.autograd.grad(outs["o"], (values["q"], values["k"], values["v"]), keep)
     what = f"with the upstream gradient only on row {i}"
-    for name, g, rows in (("dk", dk, slice(i + 1, None)), ("dv", dv, slice(i + 1, None))):
-        part = g[..., rows, :]
-        assert_identical(name, torch.zeros_like(part), part, f"{what}, {name} of keys j > {i} is not zero")
+    for name, g in (("dk", dk), ("dv", dv)):
+        part = g[..., first:, :]
+        assert_identical(name, torch.zeros_like(part), part, f"{what}, {name} of keys j >= {first} is not zero")
     others = torch.ones(n, dtype=torch.bool, device=dq.device)
     others[i] = False
     part = dq[..., others, :]
@@ -285,7 +398,9 @@ def causal_gradient_respected(case: Case, impl: Implementation) -> None:
 def _key_blocks(draw, op: OpSpec, dtype: torch.dtype, causal: bool | None = None) -> Case:
     """Attention cases with >= 2 keys and 1-2 cut points splitting the keys into blocks
     (``params["key_cuts"]``, not an argument of the op)."""
-    case = draw(op.cases(dtype, causal=causal, min_n=2))  # op.cases: inside the declared limits
+    # ALiBi's distance is to the call's own diagonal: a block call would measure it from
+    # another origin, so these split checks draw no ALiBi
+    case = draw(op.cases(dtype, causal=causal, min_n=2, alibi=False))  # op.cases: inside the declared limits
     n_k = case.tensors["k"].shape[-2]
     # one or two cuts: two to three blocks (each block is one more kernel call, two when causal)
     cuts = draw(st.lists(st.integers(1, n_k - 1), min_size=1, max_size=2, unique=True))
@@ -300,26 +415,56 @@ def _sliced(values: dict, name: str, rows: slice) -> torch.Tensor:
     return values[name][..., rows, :].contiguous()
 
 
-def _block_call(case: Case, impl: Implementation, values: dict, q_rows: slice, keys: slice, causal: bool):
-    """impl on q[q_rows] against keys and values[keys]: o, lse and their allowances
-    (the derived rule for that call), fp64 NumPy."""
-    part = {**values, "causal": causal, "q": _sliced(values, "q", q_rows),
+def _block_call(case: Case, impl: Implementation, values: dict, q_rows: slice, keys: slice, causal: bool,
+                window: tuple[int, int]):
+    """impl on q[q_rows] against keys and values[keys], with the given mask: o, lse and
+    their allowances (the derived rule for that call), fp64 NumPy."""
+    sub = with_params(case, causal=causal, window=window)
+    part = {**values, "causal": causal, "window": window, "q": _sliced(values, "q", q_rows),
             "k": _sliced(values, "k", keys), "v": _sliced(values, "v", keys)}
-    _, outs = run(case, impl, part)
+    _, outs = run(sub, impl, _values_for(sub, part))
     q, k, v = (to_numpy(part[n]) for n in ("q", "k", "v"))
-    o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"])
-    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, _scale_of(case), precision(impl, case))
+    extra = mods(case, values)
+    o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"], window, **extra)
+    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, _scale_of(case), precision(impl, case), window, **extra)
     return to_numpy(outs["o"]), to_numpy(outs["lse"]), a_o, a_lse
+
+
+def _block_calls(n_q: int, n_k: int, a: int, b: int, causal: bool, window: tuple[int, int]) -> list[tuple]:
+    """The calls (query rows, causal, window) that give every query row its part of the
+    attention over keys [a, b) alone; rows in none of them see no key of the block.
+
+    Row i sees keys i + diag - left .. i + diag + right (diag = Nk - Nq, causal: right <= 0).
+    Without a window: causal rows a - diag .. b - diag - 1 see a bottom-right causal
+    block (a causal call of those rows on keys [a, b): the call's own diagonal Nk' - Nq'
+    lands on the same keys, also when the rows are clipped at 0), later rows all of it (a
+    plain call), earlier rows none. With a window: one call of rows [0, c1) on keys [a, b)
+    with the band moved to the call's own diagonal, diag' = (b - a) - c1:
+    left' = left + b - c1 - diag, right' = right - b + c1 + diag; c1 = min(Nq, b - diag +
+    left) keeps both >= 0, and rows past c1 see no key of the block (i + diag - left >= b)."""
+    diag = n_k - n_q
+    if tuple(window) == NO_WINDOW:
+        if not causal:
+            return [(slice(0, n_q), False, NO_WINDOW)]
+        edge, full = max(0, a - diag), max(0, b - diag)
+        return [(slice(edge, full), True, NO_WINDOW), (slice(full, n_q), False, NO_WINDOW)]
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    c1 = n_q if left < 0 else min(n_q, b - diag + left)
+    if c1 <= 0:
+        return []
+    moved = (-1 if left < 0 else left + b - c1 - diag, -1 if right < 0 else right - b + c1 + diag)
+    return [(slice(0, c1), False, moved)]
 
 
 def _key_block_parts(case: Case, impl: Implementation, values: dict) -> list[tuple]:
     """For each block of keys [a, b) (cut at ``key_cuts``), every query row's (o_j, lse_j,
     allowance of o_j, allowance of lse_j) over that block alone, as the implementation
-    computes it. Causal (Nq == Nk): rows a..b-1 see a causal diagonal block (a causal
-    call on q, k, v[a:b]), rows >= b all of it (a non-causal call), rows < a none of it
-    (lse_j = -inf, weight 0): the block decomposition a causal FlashAttention runs."""
+    computes it (:func:`_block_calls`: the block decomposition a FlashAttention with a
+    bottom-right causal mask or a window runs). A row that sees no key of a block has
+    lse_j = -inf, weight 0."""
     n_q, n_k = values["q"].shape[-2], values["k"].shape[-2]
-    causal = case.params["causal"]
     edges = (0,) + tuple(case.params["key_cuts"]) + (n_k,)
     lead = values["q"].shape[:-2]
     parts = []
@@ -327,11 +472,11 @@ def _key_block_parts(case: Case, impl: Implementation, values: dict) -> list[tup
         o = np.zeros(lead + (n_q, values["v"].shape[-1]))
         lse = np.full(lead + (n_q,), -np.inf)
         a_o, a_lse = np.zeros_like(o), np.zeros_like(lse)
-        calls = [(slice(a, b), True), (slice(b, n_q), False)] if causal else [(slice(0, n_q), False)]
-        for rows, block_causal in calls:
+        for rows, block_causal, block_window in _block_calls(n_q, n_k, a, b, case.params["causal"],
+                                                            window_of(case)):
             if rows.stop > rows.start:
                 o[..., rows, :], lse[..., rows], a_o[..., rows, :], a_lse[..., rows] = _block_call(
-                    case, impl, values, rows, slice(a, b), block_causal)
+                    case, impl, values, rows, slice(a, b), block_causal, block_window)
         parts.append((o, lse, a_o, a_lse))
     return parts
 
@@ -342,7 +487,7 @@ def _online_merge(lses: list[np.ndarray]) -> np.ndarray:
     (lse_j = -inf) adds nothing."""
     m = np.full(lses[0].shape, -np.inf)
     s = np.zeros(lses[0].shape)
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore"):  # a row that sees no key: log(0) = -inf
         for lse_j in lses:
             m_new = np.maximum(m, lse_j)
             ref_m = np.where(np.isneginf(m_new), 0.0, m_new)
@@ -372,8 +517,9 @@ def online_lse_matches_full(case: Case, impl: Implementation) -> None:
 
 
 def split_kv_merge(case: Case, impl: Implementation) -> None:
-    """Non-causal: o over all keys equals the merge of o over blocks of the keys (drawn
-    cut points), each weighted by its share of the normaliser, w_j = e^{lse_j - lse},
+    """o over all keys equals the merge of o over blocks of the keys (drawn cut points;
+    causal and windowed calls split as :func:`_block_calls` says, bottom-right aligned),
+    each weighted by its share of the normaliser, w_j = e^{lse_j - lse},
     lse = logsumexp_j lse_j (flash-decoding's split-KV reduction, in fp64 from the
     implementation's own block results). The blocks are contiguous copies (the property
     is about the math, not about views). Allowance: the full call's derived o allowance,
@@ -382,7 +528,9 @@ def split_kv_merge(case: Case, impl: Implementation) -> None:
     values, outs = run(case, impl)
     parts = _key_block_parts(case, impl, values)
     lse = _online_merge([lse_j for _, lse_j, _, _ in parts])
-    weights = [np.exp(lse_j - lse)[..., None] for _, lse_j, _, _ in parts]
+    # a row that sees no key at all (lse = -inf) has weight 0 everywhere: o = 0
+    with np.errstate(invalid="ignore"):
+        weights = [np.where(np.isneginf(lse_j), 0.0, np.exp(lse_j - lse))[..., None] for _, lse_j, _, _ in parts]
     merged = sum(w * o_j for w, (o_j, _, _, _) in zip(weights, parts))
     lse_err = sum(w * a_lse_j[..., None] for w, (_, _, _, a_lse_j) in zip(weights, parts))
     carried = sum(w * (a_o_j + np.abs(o_j - merged) * (a_lse_j[..., None] + lse_err))
@@ -411,16 +559,17 @@ def key_permutation_invariant(case: Case, impl: Implementation) -> None:
 
 
 def batch_heads_independent(case: Case, impl: Implementation) -> None:
-    """The outputs of one (batch, head) slice are bitwise unchanged when q, k, v of
-    every other slice change."""
+    """The outputs of one (batch, head) slice are bitwise unchanged when q of every other
+    slice and k, v of every other (batch, KV head) slice change."""
     values, outs = run(case, impl)
     b_n, h_n = values["q"].shape[:2]
     pick = case.tensors["q"].seed % (b_n * h_n)
     b, h = divmod(pick, h_n)
+    h_kv = h // (h_n // values["k"].shape[1])  # the KV head query head h reads (GQA)
     changed = dict(values)
-    for name in ("q", "k", "v"):
+    for name, head in (("q", h), ("k", h_kv), ("v", h_kv)):
         new = _fresh(case.tensors[name], values[name].device).clone()
-        new[b, h] = values[name][b, h]
+        new[b, head] = values[name][b, head]
         changed[name] = _relayout(case.tensors[name], new)
     _, outs2 = run(case, impl, changed)
     what = f"slice (batch {b}, head {h}) changed when the other slices' inputs changed"
@@ -429,15 +578,279 @@ def batch_heads_independent(case: Case, impl: Implementation) -> None:
 
 
 def uniform_values_preserved(case: Case, impl: Implementation) -> None:
-    """With v all ones, o is all ones (each row of P sums to one), within the derived
-    tolerance for that v."""
+    """With v all ones, o is all ones (each row of P sums to one) in every row that sees a
+    key, and exactly 0 in a row that sees none, within the derived tolerance for that v."""
     values = case.materialise(backend.device())
     values["v"] = _relayout(case.tensors["v"], torch.ones(case.tensors["v"].shape, dtype=values["v"].dtype,
                                                          device=values["v"].device))
     _, outs = run(case, impl, values)
     _, a_o, _ = _allowed(case, impl, values)
-    assert_close("o", outs["o"], np.ones(outs["o"].shape), a_o, dtype=getattr(torch, case.dtype),
-                 record=False, what="v all ones did not give o all ones")
+    n_q, n_k = values["q"].shape[-2], values["k"].shape[-2]
+    sees = ref.visible_pairs(n_q, n_k, case.params["causal"], window_of(case)).any(axis=-1)
+    expected = np.broadcast_to(sees[:, None].astype(np.float64), outs["o"].shape)
+    a_o = np.where(sees[:, None], a_o, 0.0)  # an empty row is exactly 0
+    assert_close("o", outs["o"], expected, a_o, dtype=getattr(torch, case.dtype),
+                 record=False, what="v all ones did not give o all ones (0 in rows that see no key)")
+
+
+def _with_grads(case: Case, impl: Implementation, values: dict, **changes):
+    """impl's outputs and gradients (dq, dk, dv) of o with the upstream values["do"], on
+    ``values`` with ``changes`` (fresh leaves: the inputs' values, not their graph)."""
+    run_values = {**values, **changes}
+    for name in ("q", "k", "v"):
+        run_values[name] = run_values[name].detach().requires_grad_(True)
+    _, outs = run(case, impl, run_values)
+    require_grad_fn(OPS["attention"], impl, outs)
+    grads = torch.autograd.grad(outs["o"], (run_values["q"], run_values["k"], run_values["v"]), values["do"])
+    return {n: t.detach() for n, t in outs.items()}, dict(zip(("dq", "dk", "dv"), grads))
+
+
+def _reference_grads(case: Case, q, k, v, do) -> tuple[np.ndarray, np.ndarray, dict]:
+    """fp64 autograd reference: o, lse and the gradients (NumPy) for q, k, v, do given."""
+    q, k, v = (t.detach().to("cpu", torch.float64).requires_grad_(True) for t in (q, k, v))
+    o, lse = ref.attention_torch(q, k, v, case.params["causal"], case.params["sm_scale"], window_of(case),
+                                 **mods(case))
+    grads = torch.autograd.grad(o, (q, k, v), do.detach().to("cpu", torch.float64))
+    return o.detach().numpy(), lse.detach().numpy(), {n: g.numpy() for n, g in zip(("q", "k", "v"), grads)}
+
+
+def gqa_equals_repeated_kv(case: Case, impl: Implementation) -> None:
+    """GQA (Hkv < H) equals multi-head attention on k, v repeated per group of query heads
+    (KV head h // (H / Hkv) at query head h): o and lse, and dq; the dk, dv of a shared KV
+    head equal the sum over its group of the repeated heads' dk, dv. Within the sum of
+    the two calls' derived allowances (each is within its own of the same exact value;
+    the repeated heads' allowances summed over the group)."""
+    values = case.materialise(backend.device())
+    _gradient_domain(case, values)
+    heads, kv_heads = values["q"].shape[1], values["k"].shape[1]
+    group = heads // kv_heads
+    outs, grads = _with_grads(case, impl, values)
+    k_rep, v_rep = (ref.repeat_kv(values[n].detach(), heads) for n in ("k", "v"))
+    outs2, grads2 = _with_grads(case, impl, values, k=k_rep, v=v_rep)
+    _, a_o, a_lse = _allowed(case, impl, values)
+    what = f"GQA with {kv_heads} KV heads for {heads} query heads != multi-head attention on repeated k, v"
+    dtype = getattr(torch, case.dtype)
+    assert_close("o", outs["o"], to_numpy(outs2["o"]), 2 * a_o, dtype=dtype, record=False, what=what)
+    assert_close("lse", outs["lse"], to_numpy(outs2["lse"]), 2 * a_lse, dtype=torch.float32, record=False, what=what)
+
+    q64, k64, v64, do64 = (to_numpy(values[n]) for n in ("q", "k", "v", "do"))
+    p = precision(impl, case)
+    args = (case.params["causal"], _scale_of(case), p, window_of(case), mods(case)["alibi_slopes"],
+            mods(case)["softcap"])
+    o64, lse64, g64 = _reference_grads(case, values["q"], values["k"], values["v"], values["do"])
+    a_gqa = rules.attention_grad(q64, k64, v64, do64, o64, lse64, g64["q"], g64["k"], g64["v"], *args)
+    k64r, v64r = ref.repeat_kv(k64, heads), ref.repeat_kv(v64, heads)
+    _, _, g64r = _reference_grads(case, values["q"], k_rep, v_rep, values["do"])
+    a_rep = rules.attention_grad(q64, k64r, v64r, do64, o64, lse64, g64r["q"], g64r["k"], g64r["v"], *args)
+    assert_close("dq", grads["dq"], to_numpy(grads2["dq"]), a_gqa["dq"] + a_rep["dq"], dtype=dtype, record=False,
+                 what=what)
+    for name in ("dk", "dv"):
+        summed = rules._group_sum(to_numpy(grads2[name]), kv_heads)
+        # the fp64 sum of the group's rounded gradients: group - 1 additions
+        fp64_sum = (group - 1) * tolerance.unit_roundoff(torch.float64) * rules._group_sum(
+            np.abs(to_numpy(grads2[name])), kv_heads)
+        assert_close(name, grads[name], summed, a_gqa[name] + rules._group_sum(a_rep[name], kv_heads) + fp64_sum,
+                     dtype=dtype, record=False, what=f"{what}: {name} of a KV head != sum over its query heads")
+
+
+def bottom_right_causal_is_last_rows(case: Case, impl: Implementation) -> None:
+    """Causal with Nq < Nk (a KV cache: the queries are the last Nq positions) equals the
+    last Nq rows of the causal call on Nk queries whose last Nq rows are q (and the first
+    Nk - Nq fresh values), the window, if any, the same: o and lse within twice the
+    derived allowance (both are within it of the same exact value)."""
+    values, outs = run(case, impl)
+    n_q, n_k = values["q"].shape[-2], values["k"].shape[-2]
+    spec = case.tensors["q"]
+    longer = dataclasses.replace(spec, shape=spec.shape[:2] + (n_k,) + spec.shape[3:], seed=(spec.seed + 1) % 2**32,
+                                 injections=()).materialise(values["q"].device).clone()
+    longer[..., n_k - n_q:, :] = values["q"]
+    full_values = {**values, "q": _relayout(spec, longer)}
+    _, full = run(case, impl, full_values)
+    _, a_o, a_lse = _allowed(case, impl, values)
+    what = f"causal on {n_q} queries != the last {n_q} rows of causal on {n_k} queries (bottom-right alignment)"
+    assert_close("o", outs["o"], to_numpy(full["o"][..., n_k - n_q:, :]), 2 * a_o, dtype=getattr(torch, case.dtype),
+                 record=False, what=what)
+    assert_close("lse", outs["lse"], to_numpy(full["lse"][..., n_k - n_q:]), 2 * a_lse, dtype=torch.float32,
+                 record=False, what=what)
+
+
+def empty_rows_zero(case: Case, impl: Implementation) -> None:
+    """Causal with Nq > Nk: rows i < Nq - Nk (and any row a window leaves without a key)
+    see no key: o is exactly 0 and lse exactly -inf there, every gradient is finite (no
+    NaN from a 0/0 softmax), and dq of those rows is exactly 0."""
+    values = case.materialise(backend.device())
+    _gradient_domain(case, values)
+    n_q, n_k = values["q"].shape[-2], values["k"].shape[-2]
+    empty = torch.from_numpy(~ref.visible_pairs(n_q, n_k, True, window_of(case)).any(axis=-1))
+    outs, grads = _with_grads(case, impl, values)
+    rows = empty.to(outs["o"].device)
+    what = f"rows {torch.nonzero(empty).flatten().tolist()[:8]}... see no key"
+    part = outs["o"][..., rows, :]
+    assert_identical("o", torch.zeros_like(part), part, f"{what}: o is not 0 there")
+    part = outs["lse"][..., rows]
+    assert_identical("lse", torch.full_like(part, float("-inf")), part, f"{what}: lse is not -inf there")
+    for name, g in grads.items():
+        bad = ~torch.isfinite(g)
+        if bad.any():
+            raise AssertionError(f"{what}: {name} has {int(bad.sum())} non-finite elements of {g.numel()}, "
+                                 f"first at {torch.nonzero(bad)[0].tolist()}")
+    part = grads["dq"][..., rows, :]
+    assert_identical("dq", torch.zeros_like(part), part, f"{what}: their dq is not 0")
+
+
+def window_outside_keys_ignored(case: Case, impl: Implementation) -> None:
+    """With a window: row i's o and lse are bitwise unchanged when every key outside its
+    band is changed, its k to NaN, +inf, -inf or fresh values (a masked score is never
+    used, whatever the product gave), its v to fresh finite values. Not v to inf or NaN:
+    a FlashAttention multiplies a block's P, 0 at the masked keys, by the block's whole V,
+    and 0 * inf = NaN; the contract does not promise to mask V."""
+    values, outs = run(case, impl)
+    n_q, n_k = values["q"].shape[-2], values["k"].shape[-2]
+    i = case.tensors["k"].seed % n_q
+    outside = torch.from_numpy(~ref.visible_pairs(n_q, n_k, case.params["causal"], window_of(case))[i])
+    fill = (float("nan"), float("inf"), float("-inf"), None)[case.tensors["v"].seed % 4]
+    changed = dict(values)
+    for name in ("k", "v"):
+        new = values[name].detach().clone()
+        cols = outside.to(new.device)
+        fresh = _fresh(case.tensors[name], new.device)
+        new[..., cols, :] = fresh[..., cols, :] if fill is None or name == "v" else fill
+        changed[name] = _relayout(case.tensors[name], new)
+    _, outs2 = run(case, impl, changed)
+    what = (f"row {i}: changing the {int(outside.sum())} keys outside its band (window {window_of(case)}, "
+            f"k to {'fresh values' if fill is None else fill}) changed its output")
+    assert_identical("o", outs["o"][..., i, :], outs2["o"][..., i, :], what)
+    assert_identical("lse", outs["lse"][..., i], outs2["lse"][..., i], what)
+
+
+def window_equivalences(case: Case, impl: Implementation) -> None:
+    """window=(-1, -1) passed explicitly equals the call without a window, and window =
+    (Nk, 0) equals causal=True (a band reaching every earlier key, none later): o and lse
+    within twice the derived allowance (each is within it of the same exact value)."""
+    values, outs = run(case, impl)
+    n_k = values["k"].shape[-2]
+    explicit = dataclasses.replace(case, args=ARGS + ("window",), params={**case.params, "window": NO_WINDOW})
+    _, outs_explicit = run(explicit, impl, {**values, "window": NO_WINDOW})
+    causal = with_params(case, causal=True, window=NO_WINDOW)
+    _, outs_causal = run(causal, impl, {**values, "causal": True, "window": NO_WINDOW})
+    band = with_params(case, causal=False, window=(n_k, 0))
+    _, outs_band = run(band, impl, {**values, "causal": False, "window": (n_k, 0)})
+    dtype = getattr(torch, case.dtype)
+    _, a_o, a_lse = _allowed(case, impl, values)
+    assert_close("o", outs_explicit["o"], to_numpy(outs["o"]), 2 * a_o, dtype=dtype, record=False,
+                 what="window=(-1, -1) != no window")
+    assert_close("lse", outs_explicit["lse"], to_numpy(outs["lse"]), 2 * a_lse, dtype=torch.float32, record=False,
+                 what="window=(-1, -1) != no window")
+    _, a_o, a_lse = _allowed(causal, impl, {**values, "causal": True, "window": NO_WINDOW})
+    what = f"window=({n_k}, 0) != causal=True"
+    assert_close("o", outs_band["o"], to_numpy(outs_causal["o"]), 2 * a_o, dtype=dtype, record=False, what=what)
+    assert_close("lse", outs_band["lse"], to_numpy(outs_causal["lse"]), 2 * a_lse, dtype=torch.float32,
+                 record=False, what=what)
+
+
+def _values_for(case: Case, values: dict) -> dict:
+    """``values`` for a call of ``case``: its ALiBi slopes only if it has them, and the
+    defaults of positional arguments the values lack."""
+    out = {n: t for n, t in values.items() if n != "alibi_slopes" or "alibi_slopes" in case.tensors}
+    return {**out, **{a: case.params[a] for a in case.args if a in case.params and a not in out}}
+
+
+def _without_alibi(case: Case) -> Case:
+    """``case`` without its ALiBi slopes (arguments re-derived)."""
+    return with_params(dataclasses.replace(case, tensors={n: t for n, t in case.tensors.items()
+                                                          if n != "alibi_slopes"}))
+
+
+def _two_calls_agree(name: str, got, other, a_got, a_other, exact_got, exact_other, dtype, what: str) -> None:
+    """Two implementation outputs that compute exact values ``exact_got`` and ``exact_other``
+    (fp64) agree within both allowances plus the exact values' own difference."""
+    with np.errstate(invalid="ignore"):
+        gap = np.where(np.isfinite(exact_got) & np.isfinite(exact_other), np.abs(exact_got - exact_other), 0.0)
+    assert_close(name, got, to_numpy(other), a_got + a_other + gap, dtype=dtype, record=False, what=what)
+
+
+def _power_of_two_slopes(slopes: torch.Tensor) -> torch.Tensor:
+    """The drawn slopes moved to signed powers of two in [2^-8, 2^-1] (ALiBi's own are
+    2^-8/H .. 2^-8): slope * j and its quotient by a power-of-two scale are then exact in
+    every dtype for j < 256 (bf16's 8 bits)."""
+    e = torch.clamp(torch.round(torch.log2(slopes.abs().clamp_min(2.0 ** -8))), -8, -1)
+    return torch.where(slopes < 0, -1.0, 1.0) * torch.exp2(e)
+
+
+def alibi_shift_invariant(case: Case, impl: Implementation) -> None:
+    """Causal ALiBi adds -slope |i + Nk - Nq - j| = slope j - slope (i + Nk - Nq) to the
+    scores of the keys row i sees (j <= i + Nk - Nq): a per-row constant apart, the
+    explicit bias slope j, which plain causal attention gets as one more dimension (q_i
+    gets 1, k_j gets slope j / sm_scale, v_j gets 0; k, v repeated per query head). Softmax ignores
+    the constant: o equals that call's o, lse its lse minus slope (i + Nk - Nq). Slopes
+    are moved to powers of two and sm_scale is 0.5 or 2, so the extra column is exact
+    for j < 256; within both calls' allowances plus their fp64 references' difference."""
+    values = case.materialise(backend.device())
+    values["alibi_slopes"] = _power_of_two_slopes(values["alibi_slopes"])
+    _, outs = run(case, impl, values)
+    q, k, v = values["q"], values["k"], values["v"]
+    b, h, n_q, d = q.shape
+    n_k, scale = k.shape[-2], _scale_of(case)
+    slopes = values["alibi_slopes"].to(torch.float64).broadcast_to((b, h))
+    column = (slopes[..., None] * torch.arange(n_k, dtype=torch.float64) / scale).to(q.dtype).to(q.device)
+    aug = {**values,
+           "q": torch.cat([q, torch.ones(b, h, n_q, 1, dtype=q.dtype, device=q.device)], dim=-1),
+           "k": torch.cat([ref.repeat_kv(k, h), column[..., None]], dim=-1),
+           # v padded with a zero column to the same head dim (the kernel's contract): o's extra column is 0
+           "v": torch.cat([ref.repeat_kv(v, h), torch.zeros(b, h, n_k, 1, dtype=v.dtype, device=v.device)], dim=-1)}
+    plain = _without_alibi(case)
+    # sm_scale as given (the extra dimension must not change the default 1 / sqrt(D))
+    plain = with_params(plain, sm_scale=scale)
+    aug_values = _values_for(plain, aug)
+    _, outs2 = run(plain, impl, {**aug_values, "sm_scale": scale})
+    exact, a_o, a_lse = _allowed(case, impl, values)
+    exact2, a_o2, a_lse2 = _allowed(plain, impl, {**aug_values, "sm_scale": scale})
+    shift = (slopes[..., None] * (torch.arange(n_q, dtype=torch.float64) + (n_k - n_q))).numpy()
+    dtype = getattr(torch, case.dtype)
+    what = "causal ALiBi != plain causal attention with the bias slope * j as an extra dimension"
+    _two_calls_agree("o", outs["o"], outs2["o"][..., :d], a_o, a_o2[..., :d], exact["o"], exact2["o"][..., :d], dtype,
+                     what)
+    lse2 = to_numpy(outs2["lse"]) - shift
+    fp64 = 4 * tolerance.unit_roundoff(torch.float64) * (np.abs(to_numpy(outs2["lse"])) + np.abs(shift))
+    _two_calls_agree("lse", outs["lse"], lse2, a_lse, a_lse2 + fp64, exact["lse"], exact2["lse"] - shift,
+                     torch.float32, f"{what} (lse less slope (i + Nk - Nq))")
+
+
+def alibi_zero_slopes_plain(case: Case, impl: Implementation) -> None:
+    """ALiBi slopes of 0 equal no ALiBi: o and lse within both calls' allowances (the same
+    exact values)."""
+    values = case.materialise(backend.device())
+    values["alibi_slopes"] = torch.zeros_like(values["alibi_slopes"])
+    _, outs = run(case, impl, values)
+    plain = _without_alibi(case)
+    plain_values = _values_for(plain, values)
+    _, outs2 = run(plain, impl, plain_values)
+    exact, a_o, a_lse = _allowed(case, impl, values)
+    exact2, a_o2, a_lse2 = _allowed(plain, impl, plain_values)
+    dtype = getattr(torch, case.dtype)
+    _two_calls_agree("o", outs["o"], outs2["o"], a_o, a_o2, exact["o"], exact2["o"], dtype, "ALiBi slopes 0 != no ALiBi")
+    _two_calls_agree("lse", outs["lse"], outs2["lse"], a_lse, a_lse2, exact["lse"], exact2["lse"], torch.float32,
+                     "ALiBi slopes 0 != no ALiBi")
+
+
+def softcap_large_cap_plain(case: Case, impl: Implementation) -> None:
+    """A softcap far above every score, c = a power of two >= 64 max |s| (capped at 2^120),
+    equals no softcap: c tanh(s / c) = s (1 - (s / c)^2 / 3 + ...) moves a score by
+    |s|^3 / (3 c^2) <= |s| / 12288. Within both calls' allowances (the capped one's carries
+    tanh's rounding, (2 EXP_ULPS + 7) u c) plus their fp64 references' difference."""
+    values = case.materialise(backend.device())
+    q, k = to_numpy(values["q"]), ref.repeat_kv(to_numpy(values["k"]), values["q"].shape[1])
+    top = float(np.max(np.abs(q @ np.swapaxes(k, -1, -2)), initial=0.0)) * _scale_of(case)
+    cap = 2.0 ** min(120, max(0, math.ceil(math.log2(max(64 * top, 1.0)))))
+    capped = with_params(case, softcap=cap)
+    capped_values = _values_for(capped, {**values, "softcap": cap})
+    _, outs = run(capped, impl, capped_values)
+    _, outs2 = run(case, impl, values)
+    exact, a_o, a_lse = _allowed(capped, impl, capped_values)
+    exact2, a_o2, a_lse2 = _allowed(case, impl, values)
+    what = f"softcap {cap:g} (>= 64 max |s| = {64 * top:.3g}) != no softcap"
+    _two_calls_agree("o", outs["o"], outs2["o"], a_o, a_o2, exact["o"], exact2["o"], getattr(torch, case.dtype), what)
+    _two_calls_agree("lse", outs["lse"], outs2["lse"], a_lse, a_lse2, exact["lse"], exact2["lse"], torch.float32, what)
 
 
 def _output_shapes(case: Case) -> dict:
@@ -450,14 +863,22 @@ _checks = tuple(dataclasses.replace(c, run=gradients_match_reference) if c.name 
 
 register(OpSpec(
     name="attention",
-    signature="attention(q, k, v, causal=False, sm_scale=None) -> (o, lse)",
-    meaning="`q [B, H, Nq, D]`, `k`, `v` `[B, H, Nk, D]`; `sm_scale` defaults to `1/sqrt(D)`; "
-            "`o = softmax(q k^T * sm_scale [+ causal mask]) v`; `lse [B, H, Nq]` float32 is the natural-log "
-            "logsumexp of the scaled, masked scores of each row. Causal requires `Nq == Nk` and masks key `j > i`.",
-    scalars=("causal", "sm_scale"),
-    dims={"B": ("q", 0), "H": ("q", 1), "Nq": ("q", 2), "Nk": ("k", 2), "D": ("q", 3)},
-    choices={"causal": (False, True), "sm_scale": SM_SCALES},
-    arguments=("q", "k", "v", "causal", "sm_scale"),
+    signature="attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0) "
+              "-> (o, lse)",
+    meaning="`q [B, H, Nq, D]`, `k`, `v` `[B, Hkv, Nk, D]` with `H % Hkv == 0`: query head `h` reads KV head "
+            "`h // (H / Hkv)` (GQA; MQA is `Hkv = 1`); `sm_scale` defaults to `1/sqrt(D)`; "
+            "`o = softmax(q k^T * sm_scale [+ masks]) v`; `lse [B, H, Nq]` float32 is the natural-log "
+            "logsumexp of the scaled, masked scores of each row. Masks align to the bottom right "
+            "(flash-attention >= 2.1): causal keeps `j <= i + Nk - Nq`; `window = (left, right)` keeps "
+            "`i + Nk - Nq - left <= j <= i + Nk - Nq + right`, `-1` unbounded on that side; both may be given. "
+            "Scores: `s = sm_scale q_i . k_j`; `softcap > 0`: `s = softcap tanh(s / softcap)`; `alibi_slopes` "
+            "(float32 `[H]` or `[B, H]`, not differentiated): `s -= slope |i + Nk - Nq - j|`. "
+            "A row that sees no key returns `o = 0`, `lse = -inf` and zero gradients. The arguments after "
+            "`sm_scale` are passed (positionally) only up to the last one that is not its default.",
+    scalars=("causal", "sm_scale", "window", "softcap"),
+    dims={"B": ("q", 0), "H": ("q", 1), "Hkv": ("k", 1), "Nq": ("q", 2), "Nk": ("k", 2), "D": ("q", 3)},
+    choices={"causal": (False, True), "sm_scale": SM_SCALES, "window": WINDOWS, "softcap": SOFTCAPS},
+    arguments=("q", "k", "v", "causal", "sm_scale", "window", "alibi_slopes", "softcap"),
     outputs=("o", "lse"),
     kernel="kernels.attention:attention",
     reference=ref.attention,
@@ -475,9 +896,25 @@ register(OpSpec(
               needs_backward=True, requires=lambda impl: None if impl.supports_backward
               else f"{impl.name} declares supports_backward = False"),
         Check("online_lse_matches_full", online_lse_matches_full, cases=_key_block_cases()),
-        Check("split_kv_merge", split_kv_merge, cases=_key_block_cases(causal=False)),
-        Check("key_permutation_invariant", key_permutation_invariant, cases=_cases(causal=False, min_n=2)),
+        Check("split_kv_merge", split_kv_merge, cases=_key_block_cases()),
+        Check("key_permutation_invariant", key_permutation_invariant,
+              cases=_cases(causal=False, min_n=2, windows=(NO_WINDOW,), alibi=False)),
         Check("batch_heads_independent", batch_heads_independent, cases=_cases(min_bh=2)),
         Check("uniform_values_preserved", uniform_values_preserved),
+        Check("gqa_equals_repeated_kv", gqa_equals_repeated_kv, cases=_upstream(gqa=True), needs_backward=True,
+              requires=lambda impl: None if impl.supports_backward
+              else f"{impl.name} declares supports_backward = False"),
+        Check("bottom_right_causal_is_last_rows", bottom_right_causal_is_last_rows,
+              cases=_cases(causal=True, shape="wide")),
+        Check("empty_rows_zero", empty_rows_zero, cases=_upstream(causal=True, shape="tall"), needs_backward=True,
+              requires=lambda impl: None if impl.supports_backward
+              else f"{impl.name} declares supports_backward = False"),
+        Check("window_outside_keys_ignored", window_outside_keys_ignored, cases=_cases(windows=WINDOWS[1:])),
+        Check("alibi_shift_invariant", alibi_shift_invariant,
+              cases=_cases(causal=True, alibi=True, softcaps=(0.0,), max_d=80, sm_scales=(0.5, 2.0))),
+        Check("alibi_zero_slopes_plain", alibi_zero_slopes_plain, cases=_cases(alibi=True)),
+        Check("softcap_large_cap_plain", softcap_large_cap_plain, cases=_cases(softcaps=(0.0,))),
+        Check("window_equivalences", window_equivalences,
+              cases=_cases(causal=False, windows=(NO_WINDOW,), alibi=False, softcaps=(0.0,))),
     ),
 ))

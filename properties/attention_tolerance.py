@@ -8,22 +8,46 @@ import numpy as np
 import torch
 
 from properties.tolerance import DOT_READ_FLOOR, EXP_ULPS, SAFETY, Precision, sum_error, unit_roundoff
+from references.attention import _scores as _ref_scores
+from references.attention import alibi_bias, repeat_kv, visible_pairs
 
 
-def attention_scores(q: np.ndarray, k: np.ndarray, causal: bool, scale: float):
-    """fp64 scores s = scale q k^T, -inf at causally masked (i, j); and the mask of kept pairs."""
-    s = (q @ np.swapaxes(k, -1, -2)) * scale
-    visible = np.ones(s.shape[-2:], dtype=bool)
-    if causal:
-        visible = np.tril(visible)
-    visible = np.broadcast_to(visible, s.shape)
+def attention_scores(q: np.ndarray, k: np.ndarray, causal: bool, scale: float, window=(-1, -1),
+                     alibi_slopes=None, softcap: float = 0.0):
+    """fp64 scores (scaled, softcapped, ALiBi-biased: references.attention), -inf at masked
+    (i, j) (causal and window, bottom-right aligned); and the mask of kept pairs. k has q's
+    heads (GQA: see :func:`repeat_kv`)."""
+    s = _ref_scores(q @ np.swapaxes(k, -1, -2), scale, softcap, alibi_slopes)
+    visible = np.broadcast_to(visible_pairs(q.shape[-2], k.shape[-2], causal, tuple(window)), s.shape)
     return np.where(visible, s, -np.inf), visible
+
+
+def _visible_max(x: np.ndarray, n_q: int, causal: bool, window) -> np.ndarray:
+    """[..., Nq, D]: per query row, the largest x_j over the keys j it sees, or an upper
+    bound of it ([..., 1, D], every key) where the band has a lower edge. Rows see a prefix
+    of the keys (causal or right-bounded, left unbounded): a running max read at the row's
+    last key. Without a band: the max over all keys. Rows that see no key read key 0 (their
+    o is exactly 0, the bound is not needed)."""
+    n_k = x.shape[-2]
+    left, right = window
+    if left >= 0 or (not causal and right < 0):
+        return np.max(x, axis=-2, keepdims=True)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    last = np.clip(np.arange(n_q) + (n_k - n_q) + right, 0, n_k - 1)
+    return np.maximum.accumulate(x, axis=-2)[..., last, :]
+
+
+def _group_sum(x: np.ndarray, kv_heads: int) -> np.ndarray:
+    """[B, H, N, D] per query head -> [B, Hkv, N, D]: the sum over each KV head's group."""
+    b, h = x.shape[:2]
+    return x.reshape(b, kv_heads, h // kv_heads, *x.shape[2:]).sum(axis=2)
 
 
 
 
 def attention_score_error(q: np.ndarray, k: np.ndarray, s: np.ndarray, visible: np.ndarray,
-                          scale: float, p: Precision) -> np.ndarray:
+                          scale: float, p: Precision, alibi_slopes=None, softcap: float = 0.0) -> np.ndarray:
     """Bound (SAFETY included) on the absolute error of each score s_ij, in natural units,
     as an exponent error of p_ij: eps_ij.
 
@@ -37,6 +61,19 @@ def attention_score_error(q: np.ndarray, k: np.ndarray, s: np.ndarray, visible: 
     (m <= the row max: online running maxima only get closer to s_ij) rounds
     (u |s_ij - m|) and exp/exp2 adds EXP_ULPS u. Operands below the smallest normal:
     DOT_READ_FLOOR scale (sum_d |q_id| + |k_jd|).
+
+    Softcap (s_c = c tanh(r / c) of the raw score r = scale q.k): the raw score's error
+    e_r above (with r for s, plus u |r| for r / c in fp32 and u(dtype) |r| for it in the
+    dtype) passes through the cap with the derivative 1 - tanh^2 <= 1 at some point
+    between r and r + e_r: at most g = 1 - tanh(max(0, |r| - e_r) / c)^2, the cap's effect
+    on the condition (a saturated score barely moves). Then tanh's own absolute error,
+    (2 EXP_ULPS + 7) u (kernels.attention._tanh), times c; the product c t and the later
+    log2(e) product (u |s_c| each, and u |s_c| for the conversion of the scale path); in
+    the dtype, torch.tanh's rounding and the products: 3 u(dtype) |s_c|.
+    ALiBi (s = s_c - slope |i + Nk - Nq - j|, slopes exact in fp32): slope * distance and
+    the subtraction round, u (|bias| + |s|) in fp32 and again in the dtype for a plain
+    implementation that adds the bias to scores in the input dtype; the bias is exact in
+    fp64 in the reference, so the fp32 slopes' own rounding does not count.
     """
     d = q.shape[-1]
     a = scale * (np.abs(q) @ np.swapaxes(np.abs(k), -1, -2))
@@ -45,8 +82,22 @@ def attention_score_error(q: np.ndarray, k: np.ndarray, s: np.ndarray, visible: 
     u_in = unit_roundoff(p.dtype)
     with np.errstate(invalid="ignore"):
         m = np.max(s, axis=-1, keepdims=True)
-        eps = SAFETY * ((p.dot + sum_error(d, p.compute)) * a + reads + 2 * (u_in + p.compute) * np.abs(s)
-                        + p.compute * (np.abs(s - m) + EXP_ULPS))
+        if not softcap and alibi_slopes is None:
+            eps = SAFETY * ((p.dot + sum_error(d, p.compute)) * a + reads + 2 * (u_in + p.compute) * np.abs(s)
+                            + p.compute * (np.abs(s - m) + EXP_ULPS))
+            return np.where(visible, eps, 0.0)
+        raw = np.abs(q @ np.swapaxes(k, -1, -2)) * scale
+        e_raw = (p.dot + sum_error(d, p.compute)) * a + reads + 2 * (u_in + p.compute) * raw
+        bias = np.zeros_like(raw) if alibi_slopes is None else np.abs(
+            alibi_bias(alibi_slopes, raw.shape, raw.shape[-2], raw.shape[-1]))
+        after = 2 * p.compute * np.abs(s) + (p.compute + u_in) * (bias + np.abs(s))
+        if softcap:
+            e_raw = e_raw + (p.compute + u_in) * raw
+            g = 1.0 - np.tanh(np.maximum(0.0, raw - SAFETY * e_raw) / softcap) ** 2
+            capped = np.abs(np.where(visible, s, 0.0)) + bias  # |s_c| <= |s| + |bias|
+            e_raw = g * e_raw
+            after = after + p.compute * (softcap * (2 * EXP_ULPS + 7) + 2 * capped) + 3 * u_in * capped
+        eps = SAFETY * (e_raw + after + p.compute * (np.abs(s - m) + EXP_ULPS))
     return np.where(visible, eps, 0.0)
 
 
@@ -96,8 +147,13 @@ def _log_weights(s: np.ndarray, visible: np.ndarray) -> np.ndarray:
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
-              causal: bool, scale: float, p: Precision) -> tuple[np.ndarray, np.ndarray]:
+              causal: bool, scale: float, p: Precision, window=(-1, -1), alibi_slopes=None,
+              softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Allowed absolute errors of (o, lse) of attention, from the fp64 inputs and reference.
+
+    GQA: each query head is an attention of its own against its KV head's k, v (repeated
+    here per group), so the rule is the per-head rule. A row that sees no key (a band
+    missing every key) is exactly o = 0, lse = -inf: its o allowance is finite and unused.
 
     Scores: each s_ij errs by at most eps_ij (attention_score_error), i.e. the weight of
     key j is multiplied by e^{eta_j}, |eta_j| <= eps_ij. Measured against the row's top key
@@ -130,21 +186,25 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: n
     o became vacuous (allowance >= |o|) wherever the scores were uncertain: 246125 of
     308151 bfloat16 o elements in an H100 run, the v "offset" family first among them.
     """
-    s, visible = attention_scores(q, k, causal, scale)
-    eps = attention_score_error(q, k, s, visible, scale, p)
+    k, v = repeat_kv(k, q.shape[-3]), repeat_kv(v, q.shape[-3])
+    s, visible = attention_scores(q, k, causal, scale, window, alibi_slopes, softcap)
+    eps = attention_score_error(q, k, s, visible, scale, p, alibi_slopes, softcap)
     u_p, p_floor = _attention_parts(p)
     tiny = float(torch.finfo(p.dtype).tiny)
-    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", under="ignore", divide="ignore"):
         logp = _log_weights(s, visible)
         pr = np.where(visible, np.exp(logp), 0.0)
-        n = visible.sum(axis=-1, keepdims=True)
+        # keys each row sees; a row that sees none counts 1 (its pr is 0, o exactly 0)
+        n = np.maximum(visible.sum(axis=-1, keepdims=True), 1)
         nb = np.ceil(n / 16)
         jstar = np.argmax(s, axis=-1)[..., None]
         eps_star = np.take_along_axis(eps, jstar, axis=-1)
         top = np.arange(s.shape[-1]) == jstar
         # A key whose row of k is the top key's, bit for bit, gets the same computed score
-        # (the same dot product of the same operands): its zeta_j is exactly 0.
-        twin = _same_key_as(k, jstar)
+        # (the same dot product of the same operands): its zeta_j is exactly 0. Not with
+        # ALiBi: the bias differs per key position, and so does its rounding (a bias of 0.5
+        # vanishes next to a capped score of 1e36 in fp32, for one key and not the other)
+        twin = _same_key_as(k, jstar) if alibi_slopes is None else np.zeros(s.shape, dtype=bool)
         big_e = np.where(visible & ~top & ~twin, eps + eps_star, 0.0)
         # p_j (e^{E_j} - 1), formed in the log domain: p_j may underflow where e^{E_j}
         # does not; exponents are clipped at 300 (the allowance is then capped anyway)
@@ -167,12 +227,12 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: n
         # drawn off 0 would loosen it): the smaller one holds
         score_part = np.minimum(w @ dv_c + w_sum * do_c, w @ av + w_sum * ao) / z
         # the weights' perturbation alone keeps o' a convex combination of the visible v_j
-        vdev = np.maximum.accumulate(dv_c, axis=-2) if causal else np.max(dv_c, axis=-2, keepdims=True)
+        vdev = _visible_max(dv_c, s.shape[-2], causal, window)
         score_part = np.minimum(score_part, 2 * (vdev + do_c))
         sub = np.where(visible & (pr < 4 * tiny), 1.0, 0.0)
         rounding = u_p * pv + p_floor * (sub @ av) + (sum_error(n, p.compute) + 2 * nb * p.compute) * (pv + ao) \
             + p.compute * ao + DOT_READ_FLOOR
-        vmax = np.maximum.accumulate(av, axis=-2) if causal else np.max(av, axis=-2, keepdims=True)
+        vmax = _visible_max(av, s.shape[-2], causal, window)
         o_allowed = np.minimum(score_part + SAFETY * rounding, 2 * (vmax + ao)) + p.store * ao + attention_floor(p)
 
         t = np.where(visible, s + eps, -np.inf)
@@ -185,14 +245,26 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: n
             sum_error(n, p.compute) + nb * p.compute * (EXP_ULPS + 2) + p.compute * (m - s_min)
             + p.compute * (2 * np.abs(m) + np.abs(lse) + np.abs(lse - m) + EXP_ULPS)) \
             + float(torch.finfo(torch.float32).tiny)
+        # a row that sees no key is exact (o = 0, lse = -inf): allowance 0, never NaN (the
+        # terms above form -inf - -inf there), so sums of allowances over calls stay finite
+        sees = visible.any(axis=-1)
+        o_allowed = np.where(sees[..., None], o_allowed, 0.0)
+        lse_allowed = np.where(sees, lse_allowed, 0.0)
     return o_allowed, lse_allowed
 
 
 PARTIAL_SUM_BLOCK = 32  # rows per partial gradient sum in PyTorch's CPU flash attention
 
 
-def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, p: Precision) -> dict:
+def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, p: Precision,
+                   window=(-1, -1), alibi_slopes=None, softcap: float = 0.0) -> dict:
     """Allowed absolute errors of dq, dk, dv of attention (upstream do on o).
+
+    GQA: dk and dv of a KV head are sums over its group of query heads; the rule bounds
+    each query head's contribution (k, v repeated per group), sums the bounds over the
+    group, and counts the group's sums as one sum of group * Nq terms (the kernel
+    accumulates them in one fp32 accumulator and rounds once; a plain implementation
+    sums per-head gradients of repeated k, v, which the same bound covers).
 
     FlashAttention backward: P recomputed from the saved lse, dv = P^T dO, dP = dO V^T,
     delta_i = sum_d dO_id O_id (from the stored, rounded O), dS = P (dP - delta),
@@ -216,18 +288,22 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
     - a plain implementation may sum dk, dv over blocks of 32 queries (dq over blocks of
       32 keys) rounding each partial sum to the dtype: PyTorch's CPU flash attention
       backward in fp16 gave dk 2 subnormal spacings off an exact -4.0e-8 over 65 queries.
-      Each extra rounding adds u(dtype) |g| + half the dtype's subnormal spacing.
+      Each extra rounding adds u(dtype) |g| + half the dtype's subnormal spacing; with
+      GQA the group's per-head dk, dv are such partial sums too.
     SAFETY multiplies the first-order roundings; the P and score parts carry it already.
     """
-    s, visible = attention_scores(q, k, causal, scale)
-    eps = attention_score_error(q, k, s, visible, scale, p)
-    o_allowed, lse_allowed = attention(q, k, v, o, lse, causal, scale, p)
+    kv_heads = k.shape[-3]
+    group = q.shape[-3] // kv_heads
+    o_allowed, lse_allowed = attention(q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap)
+    k, v = repeat_kv(k, q.shape[-3]), repeat_kv(v, q.shape[-3])
+    s, visible = attention_scores(q, k, causal, scale, window, alibi_slopes, softcap)
+    eps = attention_score_error(q, k, s, visible, scale, p, alibi_slopes, softcap)
     u_p, p_floor = _attention_parts(p)
     u_in = unit_roundoff(p.dtype)
     tiny = float(torch.finfo(p.dtype).tiny)
     d = q.shape[-1]
     kt = lambda x: np.swapaxes(x, -1, -2)  # noqa: E731
-    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", under="ignore", divide="ignore"):
         logp = _log_weights(s, visible)
         pr = np.where(visible, np.exp(logp), 0.0)
         expo = np.where(visible, eps + lse_allowed[..., None] + SAFETY * p.compute * (np.abs(s - lse[..., None])
@@ -235,7 +311,7 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
         # P_ij (e^{expo} - 1), in the log domain (P_ij may underflow where the product does not)
         p_rel = np.where(visible, np.exp(np.minimum(logp + expo, 300.0)), 0.0) - pr
         n_row = visible.sum(axis=-1, keepdims=True)  # keys each query sees
-        n_col = kt(visible.sum(axis=-2, keepdims=True))  # queries that see each key
+        n_col = group * kt(visible.sum(axis=-2, keepdims=True))  # query rows (of the group) that see each key
         ad, av, ao = np.abs(do), np.abs(v), np.abs(o)
         dp = do @ kt(v)
         delta = np.sum(do * o, axis=-1, keepdims=True)
@@ -254,23 +330,39 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
         p_underflow = p_floor * r * (visible & (pr < 4 * tiny))
         e_ds = p_rel * r + pr * np.sum(ad * o_allowed, axis=-1, keepdims=True) + SAFETY * (
             pr * (e_dp + e_delta + p.compute * r) + (u_p + u_in) * np.abs(ds) + ds_floor * visible + p_underflow)
+        if softcap:
+            # dS of the raw score is dS_c (1 - t^2), t = tanh(r / c): the rule's dS is dS_c, a
+            # bound on it (1 - t^2 <= 1); the factor's error: t errs by tanh's own (2 EXP_ULPS
+            # + 7) u plus the raw score's error / c (tanh' <= 1), |t'^2 - t^2| <= 2 dt + dt^2,
+            # and 1 - t t rounds (2 u, in the dtype for plain PyTorch's tanh backward)
+            raw = np.abs(q @ kt(k)) * scale
+            e_raw = (p.dot + sum_error(d, p.compute)) * scale * (np.abs(q) @ kt(np.abs(k))) \
+                + DOT_READ_FLOOR * scale * (np.sum(np.abs(q), axis=-1)[..., :, None]
+                                            + np.sum(np.abs(k), axis=-1)[..., None, :]) \
+                + 3 * (u_in + p.compute) * raw
+            dt = np.minimum(2.0, (2 * EXP_ULPS + 7) * p.compute + SAFETY * e_raw / softcap)
+            dg = np.minimum(1.0, 2 * dt + dt * dt + 2 * (p.compute + u_in))
+            e_ds = e_ds + SAFETY * dg * np.abs(ds) * visible
         e_ds = np.minimum(e_ds, 1e300)
         ads = np.abs(ds)
         reads_row = DOT_READ_FLOOR * np.sum(ads, axis=-1, keepdims=True)  # k misread, per dq_i
         reads_col = DOT_READ_FLOOR * kt(np.sum(ads, axis=-2, keepdims=True))  # q misread, per dk_j
         dq_allowed = scale * (e_ds @ np.abs(k) + SAFETY * reads_row + SAFETY * (p.dot + sum_error(n_row, p.compute)) * (ads @ np.abs(k))) \
             + (SAFETY * p.compute + p.store) * np.abs(dq) + attention_floor(p)
-        dk_allowed = scale * (kt(e_ds) @ np.abs(q) + SAFETY * reads_col
-                              + SAFETY * (p.dot + sum_error(n_col, p.compute)) * (kt(ads) @ np.abs(q))) \
-            + (SAFETY * p.compute + p.store) * np.abs(dk) + attention_floor(p)
+        dk_allowed = _group_sum(scale * (kt(e_ds) @ np.abs(q) + SAFETY * reads_col
+                                         + SAFETY * (p.dot + sum_error(n_col, p.compute)) * (kt(ads) @ np.abs(q))),
+                                kv_heads) + (SAFETY * p.compute + p.store) * np.abs(dk) + attention_floor(p)
         e_p = p_rel + SAFETY * (u_p * pr + p_floor * (visible & (pr < 4 * tiny)))
-        dv_allowed = kt(e_p) @ ad + SAFETY * (p.dot + sum_error(n_col, p.compute)) * (kt(pr) @ ad) \
-            + SAFETY * DOT_READ_FLOOR * kt(np.sum(pr, axis=-2, keepdims=True)) \
+        dv_allowed = _group_sum(kt(e_p) @ ad + SAFETY * (p.dot + sum_error(n_col, p.compute)) * (kt(pr) @ ad)
+                                + SAFETY * DOT_READ_FLOOR * kt(np.sum(pr, axis=-2, keepdims=True)), kv_heads) \
             + p.store * np.abs(dv) + attention_floor(p)
 
-    def partial_sums(g, n):
-        return max(0, -(-n // PARTIAL_SUM_BLOCK) - 1) * (u_in * np.abs(g) + p.floor / 2)
+    def partial_sums(g, n, heads=1):
+        # cdiv(n, 32) partial sums per head, over ``heads`` heads (GQA: a plain
+        # implementation sums the repeated heads' gradients in the dtype): one rounding
+        # fewer than partial sums
+        return max(0, heads * -(-n // PARTIAL_SUM_BLOCK) - 1) * (u_in * np.abs(g) + p.floor / 2)
 
     n_q, n_k = q.shape[-2], k.shape[-2]
-    return {"dq": dq_allowed + partial_sums(dq, n_k), "dk": dk_allowed + partial_sums(dk, n_q),
-            "dv": dv_allowed + partial_sums(dv, n_q)}
+    return {"dq": dq_allowed + partial_sums(dq, n_k), "dk": dk_allowed + partial_sums(dk, n_q, group),
+            "dv": dv_allowed + partial_sums(dv, n_q, group)}

@@ -55,15 +55,18 @@ def _call(target: str) -> Callable:
 
 
 def _attention(case, values, outs):
+    """Plain attention in the input dtype (controls.attention's masks: GQA, bottom-right
+    causal, window, softcap, ALiBi); lse from the same scores, in the dtype."""
+    from controls.attention import _grouped, _masked_scores, _scale, _visible
     args = {**values, **case.kwargs}
     q, k, v = args["q"], args["k"], args["v"]
-    causal, sm_scale = args.get("causal", False), args.get("sm_scale")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
-    s = (q @ k.transpose(-1, -2)) * scale
-    if causal:
-        future = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device).triu(1)
-        s = s.masked_fill(future, float("-inf"))
-    o = torch.softmax(s, dim=-1) @ v
+    causal, window = args.get("causal", False), tuple(args.get("window", (-1, -1)))
+    scale = _scale(args.get("sm_scale"), q.shape[-1])
+    keep = _visible(q.shape[-2], k.shape[-2], causal, window, q.device)
+    s = _masked_scores(q, k, keep, scale, q.dtype, args.get("softcap", 0.0), args.get("alibi_slopes"))
+    empty = torch.isneginf(s).all(dim=-1, keepdim=True)  # a row without a key: o = 0
+    p = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    o = p @ _grouped(v, q.shape[1])
     return o, torch.logsumexp(s, dim=-1).float()  # lse is float32 by the contract; computed in the dtype
 
 

@@ -1,12 +1,20 @@
-"""fp64 references for ``attention(q, k, v, causal=False, sm_scale=None) -> (o, lse)``.
+"""fp64 references for ``attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1),
+alibi_slopes=None, softcap=0.0) -> (o, lse)``.
 
-    s[i, j] = sm_scale * q_i . k_j               (sm_scale defaults to 1 / sqrt(D))
-    s[i, j] = -inf            if causal and j > i
-    lse[i]  = log sum_j exp(s[i, j])             (computed stably: max + log sum exp(s - max))
+    diag    = Nk - Nq                              (masks align to the bottom right)
+    s[i, j] = sm_scale * q_i . k_(h // (H / Hkv)) j   (sm_scale defaults to 1 / sqrt(D);
+                                                    query head h reads KV head h // group)
+    s[i, j] = softcap * tanh(s[i, j] / softcap)    if softcap > 0
+    s[i, j] -= slope[b, h] * |i + diag - j|        with alibi_slopes ([H] or [B, H])
+    visible = j <= i + diag                        if causal
+              i + diag - left <= j <= i + diag + right   for window = (left, right), -1 unbounded
+    s[i, j] = -inf            where not visible
+    lse[i]  = log sum_j exp(s[i, j])             (stable: max + log sum exp(s - max));
+              -inf for a row that sees no key
     p[i, j] = exp(s[i, j] - max_j s[i, j]) / sum_j exp(s[i, j] - max_j s[i, j])   (= exp(s - lse))
-    o[i]    = sum_j p[i, j] v_j
+    o[i]    = sum_j p[i, j] v_j                  (0 for a row that sees no key)
 
-Shapes: q [B, H, Nq, D], k and v [B, H, Nk, D]; o [B, H, Nq, D], lse [B, H, Nq].
+Shapes: q [B, H, Nq, D], k and v [B, Hkv, Nk, D] with H % Hkv == 0; o [B, H, Nq, D], lse [B, H, Nq].
 """
 from __future__ import annotations
 
@@ -20,18 +28,63 @@ def _scale(sm_scale, head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
 
 
-def attention(q, k, v, causal=False, sm_scale=None):
+def visible_pairs(n_q: int, n_k: int, causal: bool = False, window=(-1, -1)) -> np.ndarray:
+    """[Nq, Nk] bool: the (query i, key j) pairs a call keeps, bottom-right aligned."""
+    i = np.arange(n_q)[:, None] + (n_k - n_q)  # row i's diagonal key
+    j = np.arange(n_k)[None, :]
+    left, right = window
+    keep = np.ones((n_q, n_k), dtype=bool)
+    if causal:
+        keep &= j <= i
+    if left >= 0:
+        keep &= j >= i - left
+    if right >= 0:
+        keep &= j <= i + right
+    return keep
+
+
+def alibi_bias(slopes, shape, n_q: int, n_k: int):
+    """fp64 ALiBi bias -slope |i + Nk - Nq - j| for scores of ``shape`` [B, H, Nq, Nk]
+    (NumPy), from slopes [H] or [B, H] (any array-like)."""
+    slopes = np.asarray(slopes, dtype=np.float64)
+    dist = np.abs(np.arange(n_q)[:, None] + (n_k - n_q) - np.arange(n_k)[None, :]).astype(np.float64)
+    return -np.broadcast_to(slopes.reshape(slopes.shape + (1, 1)), shape[:-2] + (1, 1)) * dist
+
+
+def _scores(raw, scale: float, softcap: float = 0.0, alibi_slopes=None):
+    """Scores from dot products (NumPy or torch, fp64): scaled, softcapped, ALiBi-biased."""
+    slopes = alibi_slopes
+    s = raw * scale
+    if softcap:
+        s = softcap * (torch.tanh(s / softcap) if isinstance(s, torch.Tensor) else np.tanh(s / softcap))
+    if slopes is not None:
+        n_q, n_k = s.shape[-2], s.shape[-1]
+        slopes = slopes.detach().cpu().numpy() if isinstance(slopes, torch.Tensor) else slopes
+        bias = alibi_bias(slopes, tuple(s.shape), n_q, n_k)
+        s = s + (torch.from_numpy(np.ascontiguousarray(bias)).to(s.device) if isinstance(s, torch.Tensor) else bias)
+    return s
+
+
+def repeat_kv(t, heads: int):
+    """k or v [B, Hkv, N, D] with each KV head repeated for its group of query heads:
+    [B, heads, N, D] (NumPy array or torch tensor), KV head h // (heads / Hkv) at head h."""
+    group = heads // t.shape[-3]
+    if isinstance(t, torch.Tensor):
+        return t.repeat_interleave(group, dim=-3)
+    return np.repeat(t, group, axis=-3)
+
+
+def attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
     """NumPy float64 reference; takes array-likes, returns (o, lse) as float64 ndarrays."""
     q = np.asarray(q, dtype=np.float64)
-    k = np.asarray(k, dtype=np.float64)
-    v = np.asarray(v, dtype=np.float64)
+    k = repeat_kv(np.asarray(k, dtype=np.float64), q.shape[-3])
+    v = repeat_kv(np.asarray(v, dtype=np.float64), q.shape[-3])
     n_q, n_k = q.shape[-2], k.shape[-2]
     scale = _scale(sm_scale, q.shape[-1])
 
-    scores = (q @ np.swapaxes(k, -1, -2)) * scale  # [..., Nq, Nk]
-    if causal:
-        future = np.triu(np.ones((n_q, n_k), dtype=bool), k=1)  # key j > query i
-        scores = np.where(future, -np.inf, scores)
+    scores = _scores(q @ np.swapaxes(k, -1, -2), scale, softcap, alibi_slopes)  # [..., Nq, Nk]
+    visible = visible_pairs(n_q, n_k, causal, tuple(window))
+    scores = np.where(visible, scores, -np.inf)
 
     # stable logsumexp; a row without a finite max keeps offset 0 (no inf - inf). The
     # weights are exp(s - max) / sum, not exp(s - lse): for scores of 1e16 and more, lse =
@@ -43,23 +96,26 @@ def attention(q, k, v, causal=False, sm_scale=None):
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         e = np.exp(scores - row_max)
         total = e.sum(axis=-1, keepdims=True)
-        lse = row_max + np.log(total)
-        p = e / total
+        lse = row_max + np.log(total)  # -inf for a row without a visible key
+        p = np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)  # such a row: o = 0
     o = p @ v
     return o, lse[..., 0]
 
 
-def attention_torch(q, k, v, causal=False, sm_scale=None):
-    """PyTorch float64 reference, differentiable in q, k, v; returns (o, lse)."""
+def attention_torch(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
+    """PyTorch float64 reference, differentiable in q, k, v; returns (o, lse). A row that
+    sees no key gives o = 0, lse = -inf and zero gradients (its softmax is never formed)."""
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
+    k, v = repeat_kv(k, q.shape[-3]), repeat_kv(v, q.shape[-3])
     n_q, n_k = q.shape[-2], k.shape[-2]
     scale = _scale(sm_scale, q.shape[-1])
 
-    scores = (q @ k.transpose(-1, -2)) * scale
-    if causal:
-        future = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(future, float("-inf"))
+    scores = _scores(q @ k.transpose(-1, -2), scale, softcap, alibi_slopes)
+    visible = torch.from_numpy(visible_pairs(n_q, n_k, causal, tuple(window))).to(q.device)
+    scores = scores.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
-    p = torch.softmax(scores, dim=-1)  # max subtracted first, as in :func:`attention`
+    empty = ~visible.any(dim=-1)[:, None]  # [Nq, 1]
+    # an empty row's softmax would be 0/0: give it finite scores, then weight 0
+    p = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
     o = p @ v
     return o, lse

@@ -23,25 +23,26 @@ from references.attention import attention_torch as ref_torch
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 
 
-def _make(B, H, n_q, n_k, D, dtype, layout="contiguous", seed=0):
-    """q [B, H, n_q, D], k and v [B, H, n_k, D] in the given layout."""
+def _make(B, H, n_q, n_k, D, dtype, layout="contiguous", seed=0, h_kv=None):
+    """q [B, H, n_q, D], k and v [B, h_kv (default H), n_k, D] in the given layout."""
     g = torch.Generator().manual_seed(seed)
 
-    def one(n):
+    def one(n, heads):
         if layout == "bnhd":  # [B, N, H, D] storage seen as [B, H, N, D]
-            t = torch.randn(B, n, H, D, generator=g).to(dtype).to(DEVICE).transpose(1, 2)
+            t = torch.randn(B, n, heads, D, generator=g).to(dtype).to(DEVICE).transpose(1, 2)
         elif layout == "strided":  # every other head-dim element of a wider tensor
-            t = torch.randn(B, H, n, 2 * D, generator=g).to(dtype).to(DEVICE)[..., ::2]
+            t = torch.randn(B, heads, n, 2 * D, generator=g).to(dtype).to(DEVICE)[..., ::2]
         else:
-            t = torch.randn(B, H, n, D, generator=g).to(dtype).to(DEVICE)
+            t = torch.randn(B, heads, n, D, generator=g).to(dtype).to(DEVICE)
         return t
 
-    return one(n_q), one(n_k), one(n_k)
+    h_kv = H if h_kv is None else h_kv
+    return one(n_q, H), one(n_k, h_kv), one(n_k, h_kv)
 
 
-def _ref(q, k, v, causal=False, sm_scale=None):
+def _ref(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
     to_np = lambda t: t.detach().cpu().double().numpy()  # noqa: E731
-    return ref_np(to_np(q), to_np(k), to_np(v), causal, sm_scale)
+    return ref_np(to_np(q), to_np(k), to_np(v), causal, sm_scale, window, alibi_slopes, softcap)
 
 
 # --------------------------------------------------------------------------------------
@@ -66,8 +67,19 @@ BAD_INPUTS = [
     ("head_dim_129", lambda: dict(q=_ok((1, 1, 4, 129)), k=_ok((1, 1, 4, 129)),
                                   v=_ok((1, 1, 4, 129))), ValueError, "head dim"),
     ("empty_q", lambda: dict(q=_ok((1, 2, 0, 16)), k=_ok(), v=_ok()), ValueError, "q"),
-    ("causal_nq_ne_nk", lambda: dict(q=_ok((1, 2, 4, 16)), k=_ok(), v=_ok(), causal=True),
-     ValueError, "causal"),
+    ("kv_heads_not_dividing", lambda: dict(q=_ok((1, 3, 8, 16)), k=_ok(), v=_ok()), ValueError, "k"),
+    ("v_heads_not_k", lambda: dict(q=_ok((1, 2, 8, 16)), k=_ok(), v=_ok((1, 1, 8, 16))), ValueError, "v"),
+    ("window_scalar", lambda: dict(q=_ok(), k=_ok(), v=_ok(), window=4), TypeError, "window"),
+    ("window_float", lambda: dict(q=_ok(), k=_ok(), v=_ok(), window=(2.0, 0)), TypeError, "window"),
+    ("window_below_minus_one", lambda: dict(q=_ok(), k=_ok(), v=_ok(), window=(-2, 0)), ValueError, "window"),
+    ("alibi_float16", lambda: dict(q=_ok(), k=_ok(), v=_ok(), alibi_slopes=torch.ones(2, device=DEVICE).half()),
+     TypeError, "alibi_slopes"),
+    ("alibi_shape", lambda: dict(q=_ok(), k=_ok(), v=_ok(), alibi_slopes=torch.ones(3, device=DEVICE)),
+     ValueError, "alibi_slopes"),
+    ("alibi_nan", lambda: dict(q=_ok(), k=_ok(), v=_ok(), alibi_slopes=torch.full((2,), math.nan, device=DEVICE)),
+     ValueError, "alibi_slopes"),
+    ("softcap_negative", lambda: dict(q=_ok(), k=_ok(), v=_ok(), softcap=-1.0), ValueError, "softcap"),
+    ("softcap_str", lambda: dict(q=_ok(), k=_ok(), v=_ok(), softcap="30"), TypeError, "softcap"),
     ("scale_zero", lambda: dict(q=_ok(), k=_ok(), v=_ok(), sm_scale=0.0), ValueError, "sm_scale"),
     ("scale_negative", lambda: dict(q=_ok(), k=_ok(), v=_ok(), sm_scale=-1.0), ValueError, "sm_scale"),
     ("scale_nan", lambda: dict(q=_ok(), k=_ok(), v=_ok(), sm_scale=float("nan")), ValueError, "sm_scale"),
@@ -105,22 +117,37 @@ CASES = [
     (1, 1, 3, 7, 24, torch.float32, False, "contiguous", None),  # D padded 24 -> 32
     (1, 1, 17, 17, 128, torch.float32, True, "contiguous", None),
     (1, 2, 20, 20, 32, torch.bfloat16, False, "contiguous", None),
+    # B, H, Nq, Nk, D, dtype, causal, layout, sm_scale, Hkv (GQA), window
+    (1, 4, 20, 37, 16, torch.float32, True, "bnhd", None, 2, (-1, -1)),  # GQA, bottom-right causal
+    (2, 3, 37, 20, 16, torch.float16, True, "contiguous", None, 1, (-1, -1)),  # MQA, empty rows
+    (1, 2, 33, 40, 32, torch.float32, False, "contiguous", None, 2, (5, 3)),  # sliding window
+    (1, 2, 40, 33, 16, torch.float32, True, "strided", 0.5, 1, (7, -1)),  # window and causal
+    # ..., ALiBi slopes ("h": [H], "bh": [B, H]), softcap
+    (2, 4, 20, 37, 16, torch.float32, True, "contiguous", None, 2, (-1, -1), "bh", 0.0),  # ALiBi, bottom-right
+    (1, 2, 33, 33, 32, torch.float16, False, "bnhd", None, 1, (4, 4), "h", 5.0),  # ALiBi, softcap, window
+    (1, 2, 20, 20, 32, torch.bfloat16, True, "contiguous", None, 2, (-1, -1), None, 0.5),  # saturating softcap
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}x{c[3]}x{c[4]}-"
                          f"{str(c[5])[6:]}-{'causal' if c[6] else 'full'}-{c[7]}")
 def test_matches_reference(case):
-    B, H, n_q, n_k, D, dtype, causal, layout, sm_scale = case
-    q, k, v = _make(B, H, n_q, n_k, D, dtype, layout)
+    B, H, n_q, n_k, D, dtype, causal, layout, sm_scale, h_kv, window, alibi, softcap = \
+        case + (None, (-1, -1), None, 0.0)[len(case) - 9:]
+    q, k, v = _make(B, H, n_q, n_k, D, dtype, layout, h_kv=h_kv)
+    slopes = None if alibi is None else torch.rand((B, H) if alibi == "bh" else (H,)).to(DEVICE)
     inputs = [t.clone() for t in (q, k, v)]
-    o, lse = attention(q, k, v, causal=causal, sm_scale=sm_scale)
+    o, lse = attention(q, k, v, causal=causal, sm_scale=sm_scale, window=window, alibi_slopes=slopes,
+                       softcap=softcap)
     assert o.dtype == dtype and o.shape == (B, H, n_q, D)
     assert lse.dtype == torch.float32 and lse.shape == (B, H, n_q)
-    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
-    ro, rl = _ref(q, k, v, causal, sm_scale)
+    ro, rl = _ref(q, k, v, causal, sm_scale, window, None if slopes is None else slopes.cpu().numpy(), softcap)
+    assert torch.isfinite(o).all()
+    # rows that see no key: lse = -inf exactly where the reference's is
+    assert np.array_equal(np.isneginf(lse.cpu().numpy()), np.isneginf(rl)) and not np.isnan(rl).any()
     assert np.abs(o.cpu().double().numpy() - ro).max() < BOUND[dtype]
-    assert np.abs(lse.cpu().double().numpy() - rl).max() < 1e-4
+    finite = np.isfinite(rl)
+    assert np.abs(lse.cpu().double().numpy()[finite] - rl[finite]).max() < 1e-4
     for before, after in zip(inputs, (q, k, v)):  # inputs untouched
         assert torch.equal(before, after)
 
@@ -143,16 +170,36 @@ def test_attributes():
 # --------------------------------------------------------------------------------------
 # References and controls
 # --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("causal,n_q,n_k", [(False, 5, 9), (True, 7, 7)])
-def test_references_agree(causal, n_q, n_k):
+@pytest.mark.parametrize("causal,n_q,n_k,h_kv,window,alibi,softcap", [
+    (False, 5, 9, 3, (-1, -1), False, 0.0), (True, 7, 7, 3, (-1, -1), False, 0.0),
+    (True, 9, 4, 1, (-1, -1), True, 0.0), (False, 6, 11, 1, (2, 0), True, 2.0)])
+def test_references_agree(causal, n_q, n_k, h_kv, window, alibi, softcap):
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, 3, n_q, 8, generator=g, dtype=torch.float64)
-    k = torch.randn(2, 3, n_k, 8, generator=g, dtype=torch.float64) * 3
-    v = torch.randn(2, 3, n_k, 8, generator=g, dtype=torch.float64)
-    o_np, lse_np = ref_np(q.numpy(), k.numpy(), v.numpy(), causal, 0.7)
-    o_t, lse_t = ref_torch(q, k, v, causal, 0.7)
+    k = torch.randn(2, h_kv, n_k, 8, generator=g, dtype=torch.float64) * 3
+    v = torch.randn(2, h_kv, n_k, 8, generator=g, dtype=torch.float64)
+    slopes = torch.rand(2, 3, generator=g) if alibi else None
+    o_np, lse_np = ref_np(q.numpy(), k.numpy(), v.numpy(), causal, 0.7, window,
+                          None if slopes is None else slopes.numpy(), softcap)
+    o_t, lse_t = ref_torch(q, k, v, causal, 0.7, window, slopes, softcap)
     np.testing.assert_allclose(o_t.numpy(), o_np, rtol=0, atol=1e-12)
     np.testing.assert_allclose(lse_t.numpy(), lse_np, rtol=0, atol=1e-12)
+
+
+def test_empty_rows_zero_with_finite_gradients():
+    """Causal with Nq > Nk: rows i < Nq - Nk see no key: o = 0, lse = -inf, gradients finite
+    (and zero for those rows' q), as the fp64 reference."""
+    q, k, v = (t.requires_grad_() for t in _make(1, 2, 21, 6, 16, torch.float32, seed=11, h_kv=1))
+    o, lse = attention(q, k, v, causal=True)
+    assert torch.equal(o[..., :15, :], torch.zeros_like(o[..., :15, :]))
+    assert torch.isneginf(lse[..., :15]).all() and torch.isfinite(lse[..., 15:]).all()
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(12)).to(DEVICE)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref_grads = torch.autograd.grad(ref_torch(q64, k64, v64, True)[0], (q64, k64, v64), do.double())
+    for got, want in zip(grads, ref_grads):
+        assert torch.isfinite(got).all() and (got.double() - want).abs().max() < 1e-4
+    assert torch.equal(grads[0][..., :15, :], torch.zeros_like(grads[0][..., :15, :]))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -166,15 +213,24 @@ def test_reference_gradcheck(causal):
 @pytest.mark.parametrize("control", ["sdpa", "naive_torch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_controls(control, dtype):
-    q, k, v = _make(1, 2, 9, 9, 16, dtype, seed=4)
     fn = getattr(controls, control)
-    for causal in (False, True):
-        o, lse = fn(q, k, v, causal=causal)
-        ro, rl = _ref(q, k, v, causal)
+    # (Nq, Nk, Hkv, causal, window, ALiBi, softcap): MHA, GQA with bottom-right causal and empty
+    # rows, a window, ALiBi with a softcap
+    for n_q, n_k, h_kv, causal, window, alibi, softcap in (
+            (9, 9, 2, False, (-1, -1), False, 0.0), (9, 9, 2, True, (-1, -1), False, 0.0),
+            (12, 7, 1, True, (-1, -1), False, 0.0), (7, 12, 1, False, (2, 1), False, 0.0),
+            (9, 13, 1, True, (-1, -1), True, 3.0)):
+        q, k, v = _make(1, 2, n_q, n_k, 16, dtype, seed=4, h_kv=h_kv)
+        slopes = torch.tensor([0.5, 0.25], device=DEVICE) if alibi else None
+        o, lse = fn(q, k, v, causal=causal, window=window, alibi_slopes=slopes, softcap=softcap)
+        ro, rl = _ref(q, k, v, causal, None, window, None if slopes is None else slopes.cpu().numpy(), softcap)
         assert o.dtype == dtype and lse.dtype == torch.float32
         assert np.abs(o.detach().cpu().double().numpy() - ro).max() < 10 * BOUND[dtype]
+        got = lse.detach().cpu().double().numpy()
+        assert np.array_equal(np.isneginf(got), np.isneginf(rl))
         # naive_torch's lse comes from scores rounded to the input dtype
-        assert np.abs(lse.detach().cpu().double().numpy() - rl).max() < BOUND[dtype]
+        finite = np.isfinite(rl)
+        assert np.abs(got[finite] - rl[finite]).max() < BOUND[dtype]
 
 
 # --------------------------------------------------------------------------------------
@@ -215,7 +271,7 @@ def test_gradient_of_expanded_grad_output():
 # --------------------------------------------------------------------------------------
 # Mutants: each builds and differs from the kernel on an input that triggers it
 # --------------------------------------------------------------------------------------
-# name -> (B, H, N_q, N_k, D, causal, layout, sm_scale)
+# name -> (B, H, N_q, N_k, D, causal, layout, sm_scale[, Hkv[, window[, "alibi" or a softcap]]])
 TRIGGERS = {
     "padded_keys_scored_zero": (1, 1, 5, 10, 16, False, "contiguous", None),
     "accumulator_not_rescaled": (1, 2, 8, 150, 16, False, "contiguous", None),  # > 1 block on GPU too
@@ -226,6 +282,14 @@ TRIGGERS = {
     "lse_ignores_batch_index": (2, 1, 4, 8, 16, False, "contiguous", None),
     "dk_missing_scale": (1, 1, 4, 8, 16, False, "contiguous", None),
     "dkdv_causal_mask_missing": (1, 1, 8, 8, 16, True, "contiguous", None),
+    "kv_head_interleaved": (1, 4, 8, 8, 16, False, "contiguous", None, 2),  # H = 4, Hkv = 2
+    "causal_top_left": (1, 1, 5, 12, 16, True, "contiguous", None),  # Nq < Nk
+    "window_left_edge_off_by_one": (1, 1, 8, 8, 16, False, "contiguous", None, 1, (3, -1)),
+    "window_zero_as_unbounded": (1, 1, 8, 8, 16, True, "contiguous", None),
+    "alibi_sign_flipped": (1, 2, 8, 8, 16, False, "contiguous", None, 2, (-1, -1), "alibi"),
+    "alibi_distance_top_left": (1, 2, 5, 12, 16, True, "contiguous", None, 2, (-1, -1), "alibi"),
+    "softcap_before_scale": (1, 1, 8, 8, 16, False, "contiguous", None, 1, (-1, -1), 2.0),
+    "scale_dropped_with_modifiers": (1, 1, 8, 8, 16, False, "contiguous", None, 1, (-1, -1), 30.0),
 }
 
 
@@ -235,20 +299,27 @@ def test_every_mutant_has_a_trigger():
         assert getattr(mutants, m.name) is m and m.op == "attention" and m.kills
 
 
-def _run_with_grads(fn, q, k, v, causal, sm_scale, do):
+def _run_with_grads(fn, q, k, v, causal, sm_scale, do, window=(-1, -1), **extra):
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    o, lse = fn(q, k, v, causal=causal, sm_scale=sm_scale)
+    o, lse = fn(q, k, v, causal=causal, sm_scale=sm_scale, window=window, **extra)
     grads = torch.autograd.grad(o, (q, k, v), do)
     return (o.detach(), lse.detach(), *grads)
 
 
 @pytest.mark.parametrize("name", sorted(TRIGGERS))
 def test_mutant_differs_on_trigger(name):
-    B, H, n_q, n_k, D, causal, layout, sm_scale = TRIGGERS[name]
-    q, k, v = _make(B, H, n_q, n_k, D, torch.float32, layout, seed=8)
+    B, H, n_q, n_k, D, causal, layout, sm_scale, *rest = TRIGGERS[name]
+    h_kv, window, modifier = (rest + [None, (-1, -1), None][len(rest):])[:3]
+    q, k, v = _make(B, H, n_q, n_k, D, torch.float32, layout, seed=8, h_kv=h_kv)
+    extra = {}
+    if modifier == "alibi":
+        extra["alibi_slopes"] = torch.tensor([0.5, 0.125] * H, device=DEVICE)[:H]
+    elif modifier is not None:
+        extra["softcap"] = modifier
+        q = q * 3  # scores reach the cap's curved part
     do = torch.randn(B, H, n_q, D, generator=torch.Generator().manual_seed(9)).to(DEVICE)
-    good = _run_with_grads(attention, q, k, v, causal, sm_scale, do)
-    bad = _run_with_grads(getattr(mutants, name), q, k, v, causal, sm_scale, do)
+    good = _run_with_grads(attention, q, k, v, causal, sm_scale, do, window, **extra)
+    bad = _run_with_grads(getattr(mutants, name), q, k, v, causal, sm_scale, do, window, **extra)
     labels = ("o", "lse", "dq", "dk", "dv")
     forward_only = name in ("dk_missing_scale", "dkdv_causal_mask_missing")
     differs = [lab for lab, a, b in zip(labels, good, bad) if not torch.equal(a, b)]

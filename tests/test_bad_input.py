@@ -55,7 +55,8 @@ def _valid(op: str, dims: dict[str, int]) -> dict[str, Any]:
                 "bias": _tensor((n,)), "p": 0.25, "seed": 7, "eps": 1e-5}
     if op == "attention":
         return {"q": _tensor((b, h, n, d)), "k": _tensor((b, h, m, d)), "v": _tensor((b, h, m, d)),
-                "causal": False, "sm_scale": None}
+                "causal": False, "sm_scale": None, "window": (-1, -1), "alibi_slopes": _tensor((b, h)),
+                "softcap": 0.0}
     if op == "linear_attention":
         return {"q": _tensor((b, h, n, d)).abs(), "k": _tensor((b, h, n, d)).abs(),
                 "v": _tensor((b, h, n, d + 1)), "causal": False, "eps": 1e-6}
@@ -125,9 +126,18 @@ SPOILERS: dict[str, list[Spoiler]] = {
         + [Spoiler("k", "a head dim other than q's", lambda a: _widen_last(a["k"])),
            Spoiler("v", "another key count than k", lambda a: torch.cat([a["v"], a["v"][:, :, :1]], dim=2)),
            Spoiler("k", "another batch than q", lambda a: torch.cat([a["k"], a["k"]], dim=0)),
-           Spoiler("v", "float16 while q is float32", lambda a: a["v"].half())]
+           Spoiler("v", "float16 while q is float32", lambda a: a["v"].half()),
+           Spoiler("k", "a head count that does not divide q's", lambda a: torch.cat([a["k"], a["k"][:, :1]], dim=1)),
+           Spoiler("v", "another head count than k", lambda a: torch.cat([a["v"], a["v"][:, :1]], dim=1))]
         + _scalar_spoilers("sm_scale", [0.0, -0.5, math.nan, math.inf, "auto"])
-        + _scalar_spoilers("causal", ["yes"])),
+        + _scalar_spoilers("causal", ["yes"])
+        + _scalar_spoilers("window", [4, (2.0, 0), (-2, 0), (1, 2, 3), "wide"])
+        + [Spoiler("alibi_slopes", "a list instead of a tensor", lambda a: a["alibi_slopes"].tolist()),
+           Spoiler("alibi_slopes", "float16", lambda a: a["alibi_slopes"].half()),
+           Spoiler("alibi_slopes", "one head more than q", lambda a: _widen_last(a["alibi_slopes"])),
+           Spoiler("alibi_slopes", "on another device", lambda a: torch.empty_like(a["alibi_slopes"],
+                                                                                    device=OTHER_DEVICE))]
+        + _scalar_spoilers("softcap", [-1.0, math.nan, math.inf, "30"])),
     "linear_attention": (
         _tensor_spoilers("q", fixed_rank=True) + _tensor_spoilers("k", fixed_rank=True)
         + _tensor_spoilers("v", fixed_rank=True)

@@ -157,7 +157,7 @@ def test_messages_are_deduplicated_up_to_their_numbers():
 def test_limits_describe():
     limits = Limits.parse(OPS["attention"], {"sizes": {"D": (128, 64)}, "values": {"causal": (True,)},
                                              "max_size": {"Nq": 4096}, "contiguous": True}, "fa")
-    assert limits.describe() == "Nq <= 4096; D in [64, 128]; causal in [True]; q, k, v contiguous"
+    assert limits.describe() == "Nq <= 4096; D in [64, 128]; causal in [True]; q, k, v, alibi_slopes contiguous"
 
 
 def test_the_readme_declarations_are_valid():

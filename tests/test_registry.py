@@ -24,7 +24,7 @@ def test_signature_names_the_arguments_in_order(name):
     op = OPS[name]
     head, _, _ = op.signature.partition(" -> ")
     assert head.startswith(f"{name}("), f"{name}: signature {op.signature!r} does not start with {name}("
-    params = [p.strip().partition("=")[0] for p in head[len(name) + 1:-1].split(",")]
+    params = [p.strip().partition("=")[0] for p in re.split(r",(?![^()]*\))", head[len(name) + 1:-1])]
     assert tuple(params) == op.arguments, f"{name}: signature arguments {params} != registry {op.arguments}"
     outputs = head and op.signature.partition(" -> ")[2].strip("()").replace(" ", "").split(",")
     assert tuple(outputs) == op.outputs, f"{name}: signature outputs {outputs} != registry {op.outputs}"
