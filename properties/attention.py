@@ -791,7 +791,7 @@ def alibi_shift_invariant(case: Case, impl: Implementation) -> None:
     q, k, v = values["q"], values["k"], values["v"]
     b, h, n_q, d = q.shape
     n_k, scale = k.shape[-2], _scale_of(case)
-    slopes = values["alibi_slopes"].to(torch.float64).broadcast_to((b, h))
+    slopes = values["alibi_slopes"].detach().to("cpu", torch.float64).broadcast_to((b, h))  # host: the column and shift
     column = (slopes[..., None] * torch.arange(n_k, dtype=torch.float64) / scale).to(q.dtype).to(q.device)
     aug = {**values,
            "q": torch.cat([q, torch.ones(b, h, n_q, 1, dtype=q.dtype, device=q.device)], dim=-1),
