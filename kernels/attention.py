@@ -101,13 +101,19 @@ def _interpreting() -> bool:
 def _mma(a, b, FP16_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """a @ b with fp32 accumulation. a, b are fp32 tiles.
 
-    FP16_DOT: round both operands to fp16 and use the fp16 tensor-core dot (float16
-    inputs: q, k, v are exact in fp16, P and dS are rounded). Otherwise an fp32 dot with
+    FP16_DOT 1: round both operands to fp16 and use the fp16 tensor-core dot (float16
+    inputs: q, k, v are exact in fp16, P and dS are rounded). FP16_DOT 2, under the
+    interpreter: the same rounded operands multiplied as fp32 ("ieee"), which is the same
+    arithmetic (a product of two fp16 values is exact in fp32, the sum accumulates in
+    fp32) without NumPy's float16 matmul, which has no BLAS and made a float16 attention
+    example cost several times a float32 one on CI. Otherwise (0) an fp32 dot with
     DOT_PRECISION ("ieee" for float32 inputs, "tf32" for bfloat16 inputs, which are
     exact in tf32).
     """
-    if FP16_DOT:
+    if FP16_DOT == 1:
         r = tl.dot(a.to(tl.float16), b.to(tl.float16))
+    elif FP16_DOT == 2:
+        r = tl.dot(a.to(tl.float16).to(tl.float32), b.to(tl.float16).to(tl.float32), input_precision="ieee")
     else:
         r = tl.dot(a, b, input_precision=DOT_PRECISION)
     return r
@@ -566,13 +572,13 @@ def _qkv_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
     return tuple(t.stride())
 
 
-def _dot_mode(dtype: torch.dtype) -> tuple[bool, str]:
-    """(FP16_DOT, DOT_PRECISION) for an input dtype; see the module docstring."""
+def _dot_mode(dtype: torch.dtype) -> tuple[int, str]:
+    """(FP16_DOT, DOT_PRECISION) for an input dtype; see ``_mma`` and the module docstring."""
     if dtype == torch.float16:
-        return True, "tf32"  # precision applies to fp32 operands only; fp16 dots ignore it
+        return (2 if _interpreting() else 1), "tf32"  # precision applies to fp32 operands only
     if dtype == torch.bfloat16:
-        return False, "tf32"  # bf16 values are exact in tf32
-    return False, FP32_DOT_PRECISION
+        return 0, "tf32"  # bf16 values are exact in tf32
+    return 0, FP32_DOT_PRECISION
 
 
 def _block_d(head_dim: int) -> int:
