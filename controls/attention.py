@@ -87,14 +87,13 @@ def sdpa(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=Non
     """``F.scaled_dot_product_attention`` in the input dtype.
 
     GQA through ``enable_gqa``. Masks: ``is_causal`` where it means the contract's causal
-    (Nq == Nk, no window, no ALiBi or softcap); else an explicit ``attn_mask`` aligned to
-    the bottom right (SDPA's ``is_causal`` is aligned to the top left): boolean, or with
-    ALiBi or a softcap a float mask in the dtype holding the ALiBi bias and, for the
-    softcap, the difference between the capped and the plain scores (SDPA has no score
-    hook: its own scores plus that difference are the capped ones, and autograd
-    differentiates the mask too). Rows that see no key are given every key for the call
-    and set to 0 after it, as a user would (SDPA's softmax of a row of -inf is NaN on some
-    backends).
+    (Nq == Nk, no window, no ALiBi); else an explicit ``attn_mask`` aligned to the bottom
+    right (SDPA's ``is_causal`` is aligned to the top left): boolean, or with ALiBi a float
+    mask in the dtype holding the bias. A softcap goes to :func:`naive_torch` (SDPA has no
+    score hook; a float mask of capped minus plain scores failed the fp16 rule by 108x on
+    near-max scores, the cancellation of 8e3 against a cap of 0.25). Rows that see no key
+    are given every key for the call and set to 0 after it, as a user would (SDPA's softmax
+    of a row of -inf is NaN on some backends).
 
     SDPA does not return its logsumexp, so ``lse`` is computed separately, in float32,
     as ``torch.logsumexp`` of the scaled, masked float32 scores. On CPU, SDPA's fp16 and
@@ -111,7 +110,12 @@ def sdpa(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=Non
     n_q, n_k = q.shape[-2], k.shape[-2]
     keep = _visible(n_q, n_k, causal, window, q.device)
     gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
-    plain = alibi_slopes is None and not softcap
+    if softcap:
+        # SDPA has no score hook for tanh; a float mask of (capped - plain) scores cancels
+        # catastrophically in fp16 (scores of 8e3 round by 4 there, a cap of 0.25 is lost):
+        # users then write the scores out, as transformers' eager Gemma-2 attention does
+        return naive_torch(q, k, v, causal, sm_scale, window, alibi_slopes, softcap)
+    plain = alibi_slopes is None
     if plain and (keep is None or (causal and n_q == n_k and tuple(window) == (-1, -1))):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale, **gqa)
     else:
@@ -120,9 +124,8 @@ def sdpa(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=Non
         seen = None if keep is None else keep | empty
         if plain:
             mask = seen
-        else:
-            raw = (q @ _grouped(k, q.shape[1]).transpose(-1, -2)) * scale
-            mask = _modified(raw, softcap, _alibi(alibi_slopes, raw.shape, q.device, q.dtype)) - raw
+        else:  # the ALiBi bias as a float mask, -inf outside the band
+            mask = _alibi(alibi_slopes, (n_q, n_k), q.device, q.dtype)
             if seen is not None:
                 mask = mask.masked_fill(~seen, float("-inf"))
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
@@ -181,6 +184,8 @@ _CPU_SDPA_MASKED_NAN = (
 sdpa.expected_failures = (
     ExpectedFailure("window_outside_keys_ignored", _CPU_SDPA_MASKED_NAN, backends=("interpret",), strict=False),
     ExpectedFailure("empty_rows_zero", _CPU_FLASH_NAN, backends=("interpret",), strict=False),
+    # the same NaN in the call on repeated k, v (scores of 1e35: q at scale 1e3, k near bf16's max)
+    ExpectedFailure("gqa_equals_repeated_kv", _CPU_FLASH_NAN, backends=("interpret",), strict=False),
     ExpectedFailure("gradients_match_reference", _CPU_FLASH_NAN, backends=("interpret",)),
     ExpectedFailure("causal_gradient_respected", _CPU_FLASH_NAN, backends=("interpret",)),
     ExpectedFailure("deterministic", _CUDA_F32_ATOMICS, dtypes=("float32",), backends=("cuda",), strict=False),

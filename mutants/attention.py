@@ -206,7 +206,22 @@ window_zero_as_unbounded = mutant(
     bug="A window side of 0 is taken as unbounded (-1) instead of 'no key on that side': "
         "window (left, 0) sees every later key, and causal (right = 0 in the band) masks "
         "nothing. Triggers on causal calls and windows with a side of 0.",
-    kills=("matches_reference", "gradients_match_reference", "window_equivalences", "causal_mask_respected"),
+    kills=("matches_reference", "gradients_match_reference", "causal_mask_respected"),
+)
+
+# The bound standing in for an unbounded left side is sized from the queries (Nq) instead
+# of the keys (Nk): row i keeps j >= i + Nk - 2 Nq, so with Nk > 2 Nq (a KV cache longer
+# than twice the new queries) the first rows lose their earliest keys, causal calls included,
+# while an explicit window (Nk, 0) stays right. Not window_zero_as_unbounded's kill of
+# window_equivalences: that one breaks causal and (Nk, 0) alike, so they still agree.
+unbounded_left_sized_by_queries = mutant(
+    "attention", _kernel,
+    [("band_lo = diag - (left if left >= 0 else n_k)", "band_lo = diag - (left if left >= 0 else n_q)")],
+    name="unbounded_left_sized_by_queries",
+    bug="The stand-in bound of an unbounded window side is sized from Nq instead of Nk (a "
+        "sentinel sized from the wrong dim): causal row i loses keys j < i + Nk - 2 Nq. "
+        "Triggers on causal or right-bounded calls with Nk > 2 Nq.",
+    kills=("matches_reference", "window_equivalences"),
 )
 
 # ALiBi's bias added instead of subtracted: far keys gain weight (a sign convention mixed
@@ -271,6 +286,7 @@ MUTANTS = (
     causal_top_left,
     window_left_edge_off_by_one,
     window_zero_as_unbounded,
+    unbounded_left_sized_by_queries,
     alibi_sign_flipped,
     alibi_distance_top_left,
     softcap_before_scale,

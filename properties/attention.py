@@ -170,7 +170,8 @@ def mods(case: Case, values: dict | None = None) -> dict:
 def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n: int = 1,
                     min_bh: int = 1, limits: Limits = NO_LIMITS, gqa: bool | None = None,
                     shape: str | None = None, windows: tuple | None = None, alibi: bool | None = None,
-                    softcaps: tuple | None = None, max_d: int = 128, sm_scales: tuple | None = None) -> Case:
+                    softcaps: tuple | None = None, max_d: int = 128, sm_scales: tuple | None = None,
+                    max_n: int | None = None) -> Case:
     """q [B, H, Nq, D], k and v [B, Hkv, Nk, D] with Hkv | H.
 
     ``causal`` None draws it; ``min_n`` and ``min_bh`` are for properties that need
@@ -179,10 +180,12 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
     any divisor of H. ``shape`` "wide" draws Nq < Nk, "tall" Nq > Nk, None either (Nq ==
     Nk half the time when causal). ``windows``, ``softcaps``: the values to draw from (None:
     WINDOWS, SOFTCAPS); ``alibi`` True or False forces ALiBi slopes ([H] or [B, H], float32)
-    on or off, None draws it; ``max_d`` caps the head dim."""
+    on or off, None draws it; ``max_d`` caps the head dim, ``max_n`` Nq and Nk (a check
+    that runs several forward and backward calls on four heads keeps its CPU cost down)."""
     causal = draw(limits.choice("causal", (False, True) if causal is None else (causal,)))
     window = draw(limits.choice("window", WINDOWS if windows is None else windows))
-    n_max = CONFIG.pick(70, 2048)
+    # GQA's check runs two forward and backward calls on four heads: shorter sequences
+    n_max = min(CONFIG.pick(70, 2048), max_n or 2048, CONFIG.pick(33, 512) if gqa else 2048)
     square = shape is None and causal and draw(st.booleans())
     n_q = draw((limits.joined("Nq", "Nk") if square else limits).size("Nq", min_n + (shape == "tall"),
                                                                        n_max, blocks=BLOCKS))
@@ -200,8 +203,8 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
     if gqa:
         min_bh = max(min_bh, 4)
     max_bh = max(min_bh, CONFIG.pick(_TILE_BUDGET, _SCORE_BUDGET) // work)
-    b = draw(limits.specialised("attention", dtype, "B", 1, max(1, min(3, max_bh // 4)) if gqa else min(3, max_bh),
-                                span=(1, 3)))
+    # GQA's check: one batch (its cost is four heads, twice, with gradients) unless declared otherwise
+    b = draw(limits.specialised("attention", dtype, "B", 1, 1 if gqa else min(3, max_bh), span=(1, 3)))
     h_lo = max(1, math.ceil(min_bh / b))
     if gqa:
         h = draw(limits.pick("H", (4,)))  # declared head counts replace 4

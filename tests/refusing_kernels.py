@@ -67,16 +67,16 @@ def mutant_short_rows_declared(x, temperature=1.0):
 mutant_short_rows_declared.limits = {"max_size": {"N": ROW_LIMIT}}
 
 
-def attention_narrow(q, k, v, causal=False, sm_scale=None):
+def attention_narrow(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
     if q.shape[-1] not in HEAD_DIMS:
         raise ValueError(f"q: head dim {q.shape[-1]} is not one of {HEAD_DIMS}")
     if not causal:
         raise NotImplementedError("causal=False is not implemented")
-    return _attention(q, k, v, causal, sm_scale)
+    return _attention(q, k, v, causal, sm_scale, window, alibi_slopes, softcap)
 
 
-def attention_narrow_declared(q, k, v, causal=False, sm_scale=None):
-    return attention_narrow(q, k, v, causal, sm_scale)
+def attention_narrow_declared(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
+    return attention_narrow(q, k, v, causal, sm_scale, window, alibi_slopes, softcap)
 
 
 attention_narrow_declared.limits = {"sizes": {"D": HEAD_DIMS}, "values": {"causal": (True,)}}

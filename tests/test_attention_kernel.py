@@ -286,6 +286,7 @@ TRIGGERS = {
     "causal_top_left": (1, 1, 5, 12, 16, True, "contiguous", None),  # Nq < Nk
     "window_left_edge_off_by_one": (1, 1, 8, 8, 16, False, "contiguous", None, 1, (3, -1)),
     "window_zero_as_unbounded": (1, 1, 8, 8, 16, True, "contiguous", None),
+    "unbounded_left_sized_by_queries": (1, 1, 4, 20, 16, True, "contiguous", None),  # Nk > 2 Nq
     "alibi_sign_flipped": (1, 2, 8, 8, 16, False, "contiguous", None, 2, (-1, -1), "alibi"),
     "alibi_distance_top_left": (1, 2, 5, 12, 16, True, "contiguous", None, 2, (-1, -1), "alibi"),
     "softcap_before_scale": (1, 1, 8, 8, 16, False, "contiguous", None, 1, (-1, -1), 2.0),

@@ -85,15 +85,16 @@ def test_refusals_fail_option(tmp_path):
 
 def test_attention_head_dims_and_causal_only(tmp_path):
     outcomes, report, out = run_suite(tmp_path, "attention", ["attention_narrow", "attention_narrow_declared"],
-                                      ["float32"], "-k", "matches_reference or split_kv_merge", examples=4)
+                                      ["float32"], "-k", "matches_reference or key_permutation_invariant", examples=4)
     assert _outcome(outcomes, "attention_narrow_declared", "matches_reference") == "passed", out[-3000:]
     assert _refused(report, "attention_narrow_declared") == 0
-    # split_kv_merge needs causal=False, which the declared limits exclude: skipped with that reason
-    assert "declared limits exclude" in _outcome(outcomes, "attention_narrow_declared", "split_kv_merge")
+    # key_permutation_invariant needs causal=False, which the declared limits exclude: skipped with that reason
+    assert "declared limits exclude" in _outcome(outcomes, "attention_narrow_declared", "key_permutation_invariant")
     # undeclared: what it accepts passes, or (every drawn case refused) it is skipped, never failed
     undeclared = _outcome(outcomes, "attention_narrow", "matches_reference")
     assert undeclared == "passed" or undeclared.startswith("skipped: every example was refused"), undeclared
-    assert _outcome(outcomes, "attention_narrow", "split_kv_merge").startswith("skipped: every example was refused")
+    assert _outcome(outcomes, "attention_narrow", "key_permutation_invariant").startswith(
+        "skipped: every example was refused")
 
 
 def test_rope_tables_in_x_dtype_only(tmp_path):
