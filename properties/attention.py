@@ -176,9 +176,9 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
 
     ``causal`` None draws it; ``min_n`` and ``min_bh`` are for properties that need
     two keys (or rows) or two (batch, head) slices. ``gqa`` True draws H = 4 and Hkv < H
-    (2 or 1: two KV heads shared by two query heads each trigger a wrong head map), None
-    any divisor of H. ``shape`` "wide" draws Nq < Nk, "tall" Nq > Nk, None either (Nq ==
-    Nk half the time when causal). ``windows``, ``softcaps``: the values to draw from (None:
+    (2 or 1: two KV heads shared by two query heads each trigger a wrong head map), False
+    Hkv = H, None any divisor of H. ``shape`` "wide" draws Nq < Nk, "tall" Nq > Nk,
+    "square" Nq == Nk, None either (Nq == Nk half the time when causal). ``windows``, ``softcaps``: the values to draw from (None:
     WINDOWS, SOFTCAPS); ``alibi`` True or False forces ALiBi slopes ([H] or [B, H], float32)
     on or off, None draws it; ``max_d`` caps the head dim, ``max_n`` Nq and Nk (a check
     that runs several forward and backward calls on four heads keeps its CPU cost down)."""
@@ -186,7 +186,7 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
     window = draw(limits.choice("window", WINDOWS if windows is None else windows))
     # GQA's check runs two forward and backward calls on four heads: shorter sequences
     n_max = min(CONFIG.pick(70, 2048), max_n or 2048, CONFIG.pick(33, 512) if gqa else 2048)
-    square = shape is None and causal and draw(st.booleans())
+    square = shape == "square" or (shape is None and causal and draw(st.booleans()))
     n_q = draw((limits.joined("Nq", "Nk") if square else limits).size("Nq", min_n + (shape == "tall"),
                                                                        n_max, blocks=BLOCKS))
     if square:
@@ -216,8 +216,8 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
         h = draw(limits.specialised("attention", dtype, "H", h_lo, max(min(4, max_bh // b), h_lo), span=(1, 4)))
         # Hkv = H first (plain multi-head attention is what a failure shrinks to); declared
         # Hkv limits keep the divisors of H inside them
-        h_kv = draw(limits.pick("Hkv", [n for n in range(h, 0, -1) if h % n == 0
-                                        and n in limits.sizes.get("Hkv", (n,))]))
+        h_kv = h if gqa is False else draw(limits.pick("Hkv", [n for n in range(h, 0, -1) if h % n == 0
+                                                               and n in limits.sizes.get("Hkv", (n,))]))
     sm_scale = draw(limits.choice("sm_scale", SM_SCALES if sm_scales is None else sm_scales))
     scale = _resolved_scale(sm_scale, d)
     cap = qk_cap(dtype, d, scale)

@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 
 from properties import attention_tolerance as rules
 from properties import backend, rank_pool, registry, tolerance
-from properties.attention import attention_cases
+from properties.attention import NO_WINDOW, attention_cases
 from properties.oracle import assert_close, assert_identical, recording
 from properties.strategies import FLOAT_DTYPES, Case
 from properties.tolerance import EXP_ULPS, SAFETY, U32, Precision
@@ -95,7 +95,10 @@ def cp_cases(draw, dtype: torch.dtype, world: int, equal_only: bool = False, cau
     alike), causal or not (None: drawn), and the rows per rank: the even split (first, so
     failures shrink to it) or cut at drawn points (each rank at least one row);
     ``equal_only``: chunks of equal length (N a multiple of W; other draws are discarded)."""
-    case = draw(attention_cases(dtype, causal=True, min_n=max(world, min_n)))
+    # the contract's plain attention (one sequence, H = Hkv, no window, ALiBi or softcap):
+    # cp_attention takes none of attention's variants
+    case = draw(attention_cases(dtype, causal=True, min_n=max(world, min_n), gqa=False, shape="square",
+                                windows=(NO_WINDOW,), alibi=False, softcaps=(0.0,)))
     causal = draw(st.booleans()) if causal is None else causal
     n = case.tensors["q"].shape[2]
     chunks = even_chunks(n, world)
