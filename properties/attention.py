@@ -197,14 +197,14 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
         n_k = draw(limits.size("Nk", min_n, n_q - 1, blocks=BLOCKS))
     else:
         n_k = draw(limits.size("Nk", min_n, n_max, blocks=BLOCKS))
-    d = draw(limits.specialised_pick("attention", dtype, "D", [n for n in CONFIG.pick(HEAD_DIMS_SMALL, HEAD_DIMS_LARGE)
+    d = draw(limits.specialised_pick("attention", "D", [n for n in CONFIG.pick(HEAD_DIMS_SMALL, HEAD_DIMS_LARGE)
                                                                if n <= max_d]))
     work = CONFIG.pick(math.ceil(n_q / 16) * math.ceil(n_k / 16), n_q * n_k)
     if gqa:
         min_bh = max(min_bh, 4)
     max_bh = max(min_bh, CONFIG.pick(_TILE_BUDGET, _SCORE_BUDGET) // work)
     # GQA's check: one batch (its cost is four heads, twice, with gradients) unless declared otherwise
-    b = draw(limits.specialised("attention", dtype, "B", 1, 1 if gqa else min(3, max_bh), span=(1, 3)))
+    b = draw(limits.specialised("attention", "B", 1, 1 if gqa else min(3, max_bh), span=(1, 3)))
     h_lo = max(1, math.ceil(min_bh / b))
     if gqa:
         h = draw(limits.pick("H", (4,)))  # declared head counts replace 4
@@ -213,7 +213,7 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
             raise OutsideLimits(f"GQA needs H >= 2 with a proper divisor inside the declared Hkv limits; H = {h}")
         h_kv = draw(limits.pick("Hkv", grouped))
     else:
-        h = draw(limits.specialised("attention", dtype, "H", h_lo, max(min(4, max_bh // b), h_lo), span=(1, 4)))
+        h = draw(limits.specialised("attention", "H", h_lo, max(min(4, max_bh // b), h_lo), span=(1, 4)))
         # Hkv = H first (plain multi-head attention is what a failure shrinks to); declared
         # Hkv limits keep the divisors of H inside them
         h_kv = h if gqa is False else draw(limits.pick("Hkv", [n for n in range(h, 0, -1) if h % n == 0

@@ -48,12 +48,12 @@ def rope_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
     to sqrt(2) max|x| (x_2i c - x_2i+1 s with c = -s = 1/sqrt 2), which must not
     overflow the dtype. x holds no inf or NaN (the contract does not define them).
     """
-    half = draw(limits.halved("D").specialised("rope", dtype, "D", 1, CONFIG.pick(40, 256), blocks=ROPE_PAIR_BLOCKS))
+    half = draw(limits.halved("D").specialised("rope", "D", 1, CONFIG.pick(40, 256), blocks=ROPE_PAIR_BLOCKS))
     budget = CONFIG.pick(2**12, 2**20) // half  # B * H * S; x has 2 * half times as many elements
     s = draw(limits.size("S", 1, max(1, min(CONFIG.pick(48, 8192), budget)), blocks=ROPE_ROW_TILES))
-    b = draw(limits.specialised("rope", dtype, "B", 1, max(1, min(CONFIG.pick(3, 8), budget // s)),
+    b = draw(limits.specialised("rope", "B", 1, max(1, min(CONFIG.pick(3, 8), budget // s)),
                                 span=(1, CONFIG.pick(3, 8))))
-    h = draw(limits.specialised("rope", dtype, "H", 1, max(1, min(CONFIG.pick(4, 64), budget // (s * b))),
+    h = draw(limits.specialised("rope", "H", 1, max(1, min(CONFIG.pick(4, 64), budget // (s * b))),
                                 span=(1, CONFIG.pick(4, 64))))
     shape = (b, h, s, 2 * half)
     cap = float(torch.finfo(dtype).max) / 2
@@ -145,7 +145,7 @@ def swiglu_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
     in any layout; large |gate| of both signs (sigmoid saturation), tiny, near the
     domain's limit (:func:`_swiglu_caps`). No inf or NaN (the contract does not
     define them: silu(-inf) is NaN)."""
-    n = draw(limits.specialised("swiglu", dtype, "N", 1, CONFIG.pick(600, 2**16), blocks=SWIGLU_BLOCKS))
+    n = draw(limits.specialised("swiglu", "N", 1, CONFIG.pick(600, 2**16), blocks=SWIGLU_BLOCKS))
     max_rows = max(1, min(CONFIG.pick(8, 4096), CONFIG.pick(2**12, 2**20) // n))
     lead = tuple(draw(st.lists(sizes(1, max_rows), max_size=2).filter(lambda d: math.prod(d) <= max_rows)))
     shape = lead + (n,)

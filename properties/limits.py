@@ -226,7 +226,7 @@ class Limits:
             raise OutsideLimits(f"this check needs {dim} >= {lo}; the declared limits allow {dim} <= {hi2}")
         return sizes(lo2, hi2, blocks=blocks)
 
-    def specialised(self, op: str, dtype, dim: str, lo: int, hi: int, *, blocks: Sequence[int] = (),
+    def specialised(self, op: str, dim: str, lo: int, hi: int, *, blocks: Sequence[int] = (),
                     span: tuple[int, int] | None = None) -> st.SearchStrategy[int]:
         """:meth:`size` for a dim that kernels specialise or autotune on (head dims, heads,
         batch, a row-wise op's last dim): with ``--shapes N``, from the run's pool
@@ -237,20 +237,20 @@ class Limits:
             return self.size(dim, lo, hi, blocks=blocks)
         return shape_pool.sizes(op, dim, lo2, hi2, blocks=blocks, span=span or (lo, hi))
 
-    def length(self, op: str, dtype, dim: str, lo: int, hi: int, *, long_max: int, long_percent: int,
+    def length(self, op: str, dim: str, lo: int, hi: int, *, long_max: int, long_percent: int,
                blocks: Sequence[int] = ()) -> st.SearchStrategy[int]:
         """A row length: :func:`properties.strategies.lengths` (the everyday range, and
         now and then one past 4096, up to ``long_max``) inside the limits; with
         ``--shapes N`` or declared sizes, :meth:`specialised` over the whole range."""
         if CONFIG.shapes is not None or dim in self.sizes:
-            return self.specialised(op, dtype, dim, lo, hi, blocks=blocks, span=(lo, max(hi, long_max)))
+            return self.specialised(op, dim, lo, hi, blocks=blocks, span=(lo, max(hi, long_max)))
         cap = self.max_size.get(dim, long_max)
         lo2 = max(lo, self.min_size.get(dim, lo))
         if lo2 > min(hi, cap):
             return self.size(dim, lo, hi, blocks=blocks)
         return lengths(lo2, min(hi, cap), long_max=min(long_max, cap), long_percent=long_percent, blocks=blocks)
 
-    def specialised_pick(self, op: str, dtype, dim: str, pool: Sequence[int]) -> st.SearchStrategy[int]:
+    def specialised_pick(self, op: str, dim: str, pool: Sequence[int]) -> st.SearchStrategy[int]:
         """:meth:`pick` for a specialised dim drawn from a list (head dims): with
         ``--shapes N``, the boundaries among the allowed values and N others."""
         inside = [n for n in pool if self.min_size.get(dim, n) <= n <= self.max_size.get(dim, n)]

@@ -63,7 +63,7 @@ def elu_feature_map_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) 
     masks, ...) and injected specials: the contract defines y everywhere
     (elu(-inf) + 1 = 0, elu(inf) + 1 = inf, NaN stays NaN)."""
     budget = CONFIG.pick(4096, 2**20)
-    last = draw(limits.specialised("elu_feature_map", dtype, "N", 1, budget, blocks=(ELU_BLOCK,)))
+    last = draw(limits.specialised("elu_feature_map", "N", 1, budget, blocks=(ELU_BLOCK,)))
     rank = draw(st.integers(1, 4))
     lead = tuple(draw(st.lists(sizes(1, max(1, min(64, budget // last))), min_size=rank - 1, max_size=rank - 1)
                       .filter(lambda d: math.prod(d) * last <= budget)))
@@ -214,14 +214,14 @@ def linear_attention_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS)
     the [B, N, H, D] transposed layout common; q, k non-negative features over many
     orders of magnitude; v signed; eps 1e-6 or 1e-3; causal or not."""
     n = draw(limits.size("N", 1, CONFIG.pick(130, 4096), blocks=CHUNKS))
-    d, dv = (draw(limits.specialised("linear_attention", dtype, dim, 1, CONFIG.pick(64, 128), blocks=(16, 32, 64))
+    d, dv = (draw(limits.specialised("linear_attention", dim, 1, CONFIG.pick(64, 128), blocks=(16, 32, 64))
                   if CONFIG.shapes is not None or limits.bounds(dim) else
                   st.one_of(st.sampled_from((16, 32)), sizes(1, CONFIG.pick(64, 128), blocks=(16, 32, 64))))
              for dim in ("D", "Dv"))
     # the fp64 reference holds [B, H, N, D, Dv] for causal: bound B H N D Dv
     budget = CONFIG.pick(2**19, 2**24) // (n * d * dv)
-    b = draw(limits.specialised("linear_attention", dtype, "B", 1, max(1, min(2, budget)), span=(1, 2)))
-    h = draw(limits.specialised("linear_attention", dtype, "H", 1, max(1, min(CONFIG.pick(2, 8), budget // b)),
+    b = draw(limits.specialised("linear_attention", "B", 1, max(1, min(2, budget)), span=(1, 2)))
+    h = draw(limits.specialised("linear_attention", "H", 1, max(1, min(CONFIG.pick(2, 8), budget // b)),
                                 span=(1, CONFIG.pick(2, 8))))
     causal = draw(limits.choice("causal", (False, True)))
     eps = draw(st.sampled_from(EPSILONS))

@@ -38,7 +38,7 @@ def cross_entropy_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) ->
     # A 1 x 131075 loss with its gradient takes about 7 s under the interpreter (column
     # blocks of 128): the long branch is rarer there than for softmax. On a GPU the long
     # branch reaches the vocabularies models ship (Gemma 256k, 2^18 = 262144) and past them.
-    v = draw(limits.length("cross_entropy", dtype, "V", 1, CONFIG.pick(700, 2**17 + 3), long_max=CONFIG.pick(2**17 + 3, 2**18 + 3),
+    v = draw(limits.length("cross_entropy", "V", 1, CONFIG.pick(700, 2**17 + 3), long_max=CONFIG.pick(2**17 + 3, 2**18 + 3),
                            long_percent=CONFIG.long_percent(3), blocks=BLOCKS))
     max_rows = max(1, min(CONFIG.pick(8, 4096), CONFIG.pick(2**12, 2**20) // v))
     m = draw(limits.size("M", 1, max_rows))

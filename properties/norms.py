@@ -74,7 +74,7 @@ def _shape(draw, row_blocks: int, long_max_small: int, limits: Limits, op: str,
     that product by ``row_blocks``: up to 12 rows of N <= 64, 2-3 rows of N ~ 300.
     Rarely (``strategies.lengths``) a row reaches past 4096, up to ``long_max_small`` on
     the interpreter and past 2**17 on a GPU."""
-    n = draw(limits.length(op, dtype, "N", 1, CONFIG.pick(300, 16384), long_max=CONFIG.pick(long_max_small, LONG_ROW),
+    n = draw(limits.length(op, "N", 1, CONFIG.pick(300, 16384), long_max=CONFIG.pick(long_max_small, LONG_ROW),
                            long_percent=CONFIG.long_percent(3), blocks=BLOCKS))
     small_rows = max(1, row_blocks // -(-n // BLOCKS[0]))
     max_rows = max(1, min(CONFIG.pick(min(12, small_rows), 4096), CONFIG.pick(2**12, 2**21) // n))

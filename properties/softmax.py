@@ -33,7 +33,7 @@ def _domain_cap(dtype: torch.dtype, temperature: float) -> float:
 def softmax_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS, min_rows: int = 1) -> Case:
     """Rows of any length (past one block included) under up to two leading dims;
     ``min_rows`` is for properties that compare rows."""
-    n = draw(limits.length("softmax", dtype, "N", 1, CONFIG.pick(2100, LONG_ROW), long_max=LONG_ROW,
+    n = draw(limits.length("softmax", "N", 1, CONFIG.pick(2100, LONG_ROW), long_max=LONG_ROW,
                            long_percent=CONFIG.long_percent(), blocks=BLOCKS))
     max_rows = max(min_rows, min(CONFIG.pick(12, 4096), CONFIG.pick(2**14, 2**20) // n))
     if min_rows > 1:
