@@ -8,6 +8,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from properties.declarations import ExpectedFailure
 
@@ -100,6 +101,13 @@ def sdpa(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=Non
     bf16 paths are whatever PyTorch's CPU backend does (the math or flash-CPU kernel,
     which may accumulate in fp32); it stays a fair "plain PyTorch" yardstick either way.
 
+    Backends: flash, memory-efficient or math, not cuDNN. cuDNN's attention (what SDPA
+    picked for bfloat16 with a mask on an H100, torch 2.11) masks with a finite bias: a
+    masked key whose score passes about 1e6 reaches the output (q = e_0, k_1 = 1e6 e_0,
+    mask hiding key 1 from row 0: row 0 returned v_1; math and memory-efficient returned
+    v_0; found by this suite: examples/torch_sdpa/repro_masked_keys.py and
+    docs/third-party/torch.md). A user who knows this pins the backends the same way.
+
     On CUDA, q, k, v and the upstream gradient are first copied to fresh memory when
     they do not start 16-byte aligned: torch 2.11's SDPA on an H100 broke the CUDA
     context ("misaligned address", or a cuBLAS execution failure) on float32 and
@@ -115,6 +123,18 @@ def sdpa(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=Non
         # catastrophically in fp16 (scores of 8e3 round by 4 there, a cap of 0.25 is lost):
         # users then write the scores out, as transformers' eager Gemma-2 attention does
         return naive_torch(q, k, v, causal, sm_scale, window, alibi_slopes, softcap)
+    with sdpa_kernel(_SDPA_BACKENDS):
+        o = _sdpa_call(q, k, v, causal, scale, window, alibi_slopes, keep, gqa)
+    o = _RealignedGrad.apply(o)
+    lse = torch.logsumexp(_masked_scores(q, k, keep, scale, torch.float32, softcap, alibi_slopes), dim=-1)
+    return o, lse
+
+
+_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _sdpa_call(q, k, v, causal, scale, window, alibi_slopes, keep, gqa):
+    n_q, n_k = q.shape[-2], k.shape[-2]
     plain = alibi_slopes is None
     if plain and (keep is None or (causal and n_q == n_k and tuple(window) == (-1, -1))):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), scale=scale, **gqa)
@@ -130,9 +150,7 @@ def sdpa(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=Non
                 mask = mask.masked_fill(~seen, float("-inf"))
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
         o = o.masked_fill(empty, 0.0)
-    o = _RealignedGrad.apply(o)
-    lse = torch.logsumexp(_masked_scores(q, k, keep, scale, torch.float32, softcap, alibi_slopes), dim=-1)
-    return o, lse
+    return o
 
 
 def naive_torch(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
@@ -175,14 +193,16 @@ _CUDA_F32_MASKED_NAN = (
     "row 4 only, q and k constant at scale 1e-3 (H100, torch 2.11); fp64 autograd gives 0 there. "
     "Seen on some inputs only"
 )
-_CPU_SDPA_MASKED_NAN = (
+_SDPA_MASKED_NAN = (
     "F.scaled_dot_product_attention with a boolean attn_mask lets a masked-out key whose k holds NaN or "
     "inf reach the output: with window (16, 0), row 1's 37 keys outside its band set to NaN gave o = NaN in "
-    "every element of that row (float32, float16 and bfloat16, torch 2.13 CPU); the contract masks a key "
-    "whatever it holds (naive_torch's masked_fill of the scores does). Seen where the drawn fill is NaN or inf"
+    "every element of that row (float32, float16 and bfloat16, torch 2.13 CPU); on an H100 (torch 2.11) the "
+    "math, memory-efficient and cuDNN backends all gave NaN for row 0 of [1, 1, 2, 16] with key 1 masked "
+    "and NaN, in all three dtypes; the contract masks a key whatever it holds (naive_torch's masked_fill "
+    "of the scores does). Seen where the drawn fill is NaN or inf"
 )
 sdpa.expected_failures = (
-    ExpectedFailure("window_outside_keys_ignored", _CPU_SDPA_MASKED_NAN, backends=("interpret",), strict=False),
+    ExpectedFailure("window_outside_keys_ignored", _SDPA_MASKED_NAN, strict=False),
     ExpectedFailure("empty_rows_zero", _CPU_FLASH_NAN, backends=("interpret",), strict=False),
     # the same NaN in the call on repeated k, v (scores of 1e35: q at scale 1e3, k near bf16's max)
     ExpectedFailure("gqa_equals_repeated_kv", _CPU_FLASH_NAN, backends=("interpret",), strict=False),

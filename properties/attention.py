@@ -285,7 +285,8 @@ def _allowed(case: Case, impl: Implementation, values) -> tuple[dict, np.ndarray
 def _backward_sums_in_domain(case: Case, q, k, v, do, o) -> None:
     """Reject (``assume``) a case whose backward sums pass through magnitudes beyond
     max / 8 of the dtype (|dO| |V|^T, max(1, scale) |dS| |K|, max(1, scale) |dS|^T |Q|,
-    P^T |dO|, in fp32 or the input dtype): the gradient, or a partial sum of it, cannot
+    P^T |dO|, max(1, softcap) |dS|, in fp32 or the input dtype; |dS| meaning the sizes it
+    is computed from, P (|dP| + |delta|)): the gradient, or a partial sum of it, cannot
     be held. Arguments are fp64 torch tensors; ``o`` is the fp64 reference output."""
     scale = _scale_of(case)
     k_heads = k.shape[1]
@@ -295,13 +296,20 @@ def _backward_sums_in_domain(case: Case, q, k, v, do, o) -> None:
     # rows that see no key have P = 0 (the contract's o = 0), not a softmax of -inf
     pr = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
     dp = do @ v.transpose(-1, -2)
-    ds = (pr * (dp - (do * o).sum(-1, keepdim=True))).abs()
+    # dS = P (dP - delta) is computed as a difference of rounded dP and delta: where they
+    # cancel (a row that sees one key has dS = 0 exactly) the computed dS is a rounding
+    # residue of up to u (|dP| + |delta|), not 0, and a near-max k times it overflows; the
+    # domain bounds the products with P (|dP| + |delta|), which holds the residue too
+    ds = pr * (dp.abs() + (do * o).sum(-1, keepdim=True).abs())
     big_scale = max(1.0, scale)  # the kernel multiplies by the scale after the sum
 
     def group_sum(t):  # dk, dv of a shared KV head sum over its group of query heads
         return t.reshape(t.shape[0], k_heads, -1, *t.shape[2:]).sum(dim=2)
 
-    sums = (do.abs() @ v.abs().transpose(-1, -2), big_scale * (ds @ k.abs()),
+    # a plain softcap backward (s_c = c tanh(s / c), as transformers writes it) holds dS c
+    # before the chain rule's 1 - tanh^2 and / c bring it back
+    sums = (do.abs() @ v.abs().transpose(-1, -2), max(1.0, case.params.get("softcap") or 0.0) * ds,
+            big_scale * (ds @ k.abs()),
             group_sum(big_scale * (ds.transpose(-1, -2) @ q.abs())), group_sum(pr.transpose(-1, -2) @ do.abs()))
     big = max(float(t.max()) for t in sums)
     assume(math.isfinite(big) and big <= _fmax(getattr(torch, case.dtype)) / 8)
@@ -714,11 +722,14 @@ def window_outside_keys_ignored(case: Case, impl: Implementation) -> None:
     fill = (float("nan"), float("inf"), float("-inf"), None)[case.tensors["v"].seed % 4]
     changed = dict(values)
     for name in ("k", "v"):
-        new = values[name].detach().clone()
-        cols = outside.to(new.device)
-        fresh = _fresh(case.tensors[name], new.device)
-        new[..., cols, :] = fresh[..., cols, :] if fill is None or name == "v" else fill
-        changed[name] = _relayout(case.tensors[name], new)
+        old = values[name].detach()
+        fresh = _fresh(case.tensors[name], old.device)
+        if fill is not None and name == "k":
+            fresh = torch.full_like(fresh, fill)
+        # torch.where, not a boolean-index assignment: under deterministic algorithms (on
+        # while a check runs, properties/poisoning.py) CUDA's index_put_ wrote the fresh
+        # rows to the wrong keys on an H100 (torch 2.11), and the check blamed the kernel
+        changed[name] = _relayout(case.tensors[name], torch.where(outside.to(old.device)[:, None], fresh, old))
     _, outs2 = run(case, impl, changed)
     what = (f"row {i}: changing the {int(outside.sum())} keys outside its band (window {window_of(case)}, "
             f"k to {'fresh values' if fill is None else fill}) changed its output")
