@@ -50,7 +50,7 @@ from properties.generic import gradients_match_reference as _generic_gradients_m
 from properties.limits import NO_LIMITS, Limits, OutsideLimits
 from properties.oracle import assert_close, assert_identical, to_numpy
 from properties.registry import OPS, Check, Implementation, OpSpec, register
-from properties.strategies import Case, Layout, TensorSpec, layouts, special_values, tensors
+from properties.strategies import LONG_FROM, Case, Layout, TensorSpec, layouts, special_values, tensors
 from references import attention as ref
 
 # The interpreter's blocks (16 x 16) and the GPU's (32 and 64): sizes around them.
@@ -75,6 +75,15 @@ _CONTIGUOUS = Layout(order=(0, 1, 2, 3))
 # reference and tolerance (a few [B, H, Nq, Nk] float64 arrays).
 _TILE_BUDGET = 36  # small: B*H * cdiv(Nq, 16) * cdiv(Nk, 16)
 _SCORE_BUDGET = 2**21  # large: B*H * Nq * Nk
+# Long sequences, large profile only: a KV cache of up to 16k keys read by up to 2048
+# queries (decode, chunked prefill), or a square up to 8k, in LONG_PERCENT of the draws,
+# with B = H = 1 once the scores alone pass the budget. The fp64 reference and rules
+# run on the GPU in blocks of rows; a 16k square would hold about 16 GB per worker in the
+# fp64 autograd reference of the gradient checks (2 GB per N x N array), so squares stop
+# at 8k (4 GB).
+LONG_KEYS, LONG_QUERIES, LONG_SQUARE = 16384, 2048, 8192
+LONG_BLOCKS = (4096, 8192)  # their edges: 4095, 4096, 4097, 8193, 8191, 8192, 16385 (if inside)
+LONG_PERCENT = 5
 
 
 def _fmax(dtype: torch.dtype) -> float:
@@ -186,17 +195,28 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
     window = draw(limits.choice("window", WINDOWS if windows is None else windows))
     # GQA's check runs two forward and backward calls on four heads: shorter sequences
     n_max = min(CONFIG.pick(70, 2048), max_n or 2048, CONFIG.pick(33, 512) if gqa else 2048)
-    square = shape == "square" or (shape is None and causal and draw(st.booleans()))
-    n_q = draw((limits.joined("Nq", "Nk") if square else limits).size("Nq", min_n + (shape == "tall"),
-                                                                       n_max, blocks=BLOCKS))
-    if square:
-        n_k = n_q
-    elif shape == "wide":
-        n_k = draw(limits.size("Nk", n_q + 1, n_max + 1, blocks=BLOCKS))
-    elif shape == "tall":
-        n_k = draw(limits.size("Nk", min_n, n_q - 1, blocks=BLOCKS))
+    long = CONFIG.size == "large" and not gqa and max_n is None and shape != "tall" \
+        and min(limits.max_size.get("Nq", LONG_FROM), limits.max_size.get("Nk", LONG_FROM)) >= LONG_FROM \
+        and 1 <= draw(st.integers(0, 999)) <= 10 * LONG_PERCENT  # not [0, 99]: see strategies.lengths
+    square = shape == "square" or (shape is None and (long or causal) and draw(st.booleans()))
+    if long and square:
+        n_q = n_k = draw(limits.joined("Nq", "Nk").size("Nq", LONG_FROM, LONG_SQUARE, blocks=LONG_BLOCKS))
+    elif long:
+        # the lengths models cache (powers of two and their neighbours) as often as any
+        n_k = draw(st.one_of(limits.size("Nk", LONG_FROM, LONG_KEYS, blocks=LONG_BLOCKS),
+                             limits.size("Nk", LONG_FROM, LONG_KEYS)))
+        n_q = draw(limits.size("Nq", min_n, min(LONG_QUERIES, n_k - 1), blocks=BLOCKS))
     else:
-        n_k = draw(limits.size("Nk", min_n, n_max, blocks=BLOCKS))
+        n_q = draw((limits.joined("Nq", "Nk") if square else limits).size("Nq", min_n + (shape == "tall"),
+                                                                           n_max, blocks=BLOCKS))
+        if square:
+            n_k = n_q
+        elif shape == "wide":
+            n_k = draw(limits.size("Nk", n_q + 1, n_max + 1, blocks=BLOCKS))
+        elif shape == "tall":
+            n_k = draw(limits.size("Nk", min_n, n_q - 1, blocks=BLOCKS))
+        else:
+            n_k = draw(limits.size("Nk", min_n, n_max, blocks=BLOCKS))
     d = draw(limits.specialised_pick("attention", "D", [n for n in CONFIG.pick(HEAD_DIMS_SMALL, HEAD_DIMS_LARGE)
                                                                if n <= max_d]))
     work = CONFIG.pick(math.ceil(n_q / 16) * math.ceil(n_k / 16), n_q * n_k)
@@ -269,14 +289,28 @@ def attention_grad_tolerance(case, inputs64, outputs64, grads64, p):
                                 **mods(case, inputs64))
 
 
+def _reference(case: Case, q, k, v, causal: bool, window, extra: dict):
+    """fp64 (o, lse) of q, k, v (tensors as drawn) and the fp64 inputs, for the rules: the
+    torch reference on the GPU the tensors are on (no N x N work waits on the host), the
+    NumPy reference on the host. o and lse come back as NumPy arrays, the inputs as they
+    were computed (rules.attention takes either)."""
+    if q.is_cuda:
+        q, k, v = (t.detach().to(torch.float64) for t in (q, k, v))
+        with torch.no_grad():
+            o, lse = ref.attention_torch(q, k, v, causal, case.params["sm_scale"], window, **extra)
+        return (q, k, v), to_numpy(o), to_numpy(lse)
+    q, k, v = (to_numpy(t) for t in (q, k, v))
+    o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"], window, **extra)
+    return (q, k, v), o, lse
+
+
 def _allowed(case: Case, impl: Implementation, values) -> tuple[dict, np.ndarray, np.ndarray]:
     """fp64 reference outputs on ``values`` and their allowed errors (o, lse)."""
-    q, k, v = (to_numpy(values[n]) for n in ("q", "k", "v"))
     causal, scale, window = values.get("causal", case.params["causal"]), _scale_of(case), \
         tuple(values.get("window", window_of(case)))
     extra = mods(case, values)
-    o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"], window, **extra)
-    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, scale, precision(impl, case), window, **extra)
+    qkv, o, lse = _reference(case, values["q"], values["k"], values["v"], causal, window, extra)
+    a_o, a_lse = rules.attention(*qkv, o, lse, causal, scale, precision(impl, case), window, **extra)
     return {"o": o, "lse": lse}, a_o, a_lse
 
 
@@ -292,7 +326,7 @@ def _backward_sums_in_domain(case: Case, q, k, v, do, o) -> None:
     k_heads = k.shape[1]
     k, v = ref.repeat_kv(k, q.shape[1]), ref.repeat_kv(v, q.shape[1])
     s = ref._scores(q @ k.transpose(-1, -2), scale, **mods(case))
-    visible = torch.from_numpy(ref.visible_pairs(s.shape[-2], s.shape[-1], case.params["causal"], window_of(case)))
+    visible = ref.visible_pairs_torch(s.shape[-2], s.shape[-1], case.params["causal"], window_of(case), q.device)
     # rows that see no key have P = 0 (the contract's o = 0), not a softmax of -inf
     pr = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
     dp = do @ v.transpose(-1, -2)
@@ -316,8 +350,8 @@ def _backward_sums_in_domain(case: Case, q, k, v, do, o) -> None:
 
 
 def _gradient_domain(case: Case, values) -> None:
-    """:func:`_backward_sums_in_domain` on materialised ``values`` (q, k, v, do)."""
-    q, k, v, do = (values[n].detach().to("cpu", torch.float64) for n in ("q", "k", "v", "do"))
+    """:func:`_backward_sums_in_domain` on materialised ``values`` (q, k, v, do), on their device."""
+    q, k, v, do = (values[n].detach().to(torch.float64) for n in ("q", "k", "v", "do"))
     o, _ = ref.attention_torch(q, k, v, case.params["causal"], case.params["sm_scale"], window_of(case),
                                **mods(case, values))
     _backward_sums_in_domain(case, q, k, v, do, o)
@@ -325,8 +359,9 @@ def _gradient_domain(case: Case, values) -> None:
 
 def _in_gradient_domain(case: Case, inputs64, outputs64, grads64) -> None:
     """:func:`_backward_sums_in_domain` for the generic gradient check (NumPy arrays)."""
-    q, k, v, do = (torch.from_numpy(inputs64[n]) for n in ("q", "k", "v", "do"))
-    _backward_sums_in_domain(case, q, k, v, do, torch.from_numpy(outputs64["o"]))
+    q, k, v, do, o = (torch.from_numpy(a).to(backend.device())
+                      for a in (*(inputs64[n] for n in ("q", "k", "v", "do")), outputs64["o"]))
+    _backward_sums_in_domain(case, q, k, v, do, o)
 
 
 def gradients_match_reference(case: Case, impl: Implementation) -> None:
@@ -434,10 +469,9 @@ def _block_call(case: Case, impl: Implementation, values: dict, q_rows: slice, k
     part = {**values, "causal": causal, "window": window, "q": _sliced(values, "q", q_rows),
             "k": _sliced(values, "k", keys), "v": _sliced(values, "v", keys)}
     _, outs = run(sub, impl, _values_for(sub, part))
-    q, k, v = (to_numpy(part[n]) for n in ("q", "k", "v"))
     extra = mods(case, values)
-    o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"], window, **extra)
-    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, _scale_of(case), precision(impl, case), window, **extra)
+    qkv, o, lse = _reference(case, part["q"], part["k"], part["v"], causal, window, extra)
+    a_o, a_lse = rules.attention(*qkv, o, lse, causal, _scale_of(case), precision(impl, case), window, **extra)
     return to_numpy(outs["o"]), to_numpy(outs["lse"]), a_o, a_lse
 
 
@@ -617,12 +651,13 @@ def _with_grads(case: Case, impl: Implementation, values: dict, **changes):
 
 
 def _reference_grads(case: Case, q, k, v, do) -> tuple[np.ndarray, np.ndarray, dict]:
-    """fp64 autograd reference: o, lse and the gradients (NumPy) for q, k, v, do given."""
-    q, k, v = (t.detach().to("cpu", torch.float64).requires_grad_(True) for t in (q, k, v))
+    """fp64 autograd reference, on the tensors' device: o, lse and the gradients (NumPy)
+    for q, k, v, do given."""
+    q, k, v = (t.detach().to(torch.float64).requires_grad_(True) for t in (q, k, v))
     o, lse = ref.attention_torch(q, k, v, case.params["causal"], case.params["sm_scale"], window_of(case),
                                  **mods(case))
-    grads = torch.autograd.grad(o, (q, k, v), do.detach().to("cpu", torch.float64))
-    return o.detach().numpy(), lse.detach().numpy(), {n: g.numpy() for n, g in zip(("q", "k", "v"), grads)}
+    grads = torch.autograd.grad(o, (q, k, v), do.detach().to(torch.float64))
+    return to_numpy(o), to_numpy(lse), {n: to_numpy(g) for n, g in zip(("q", "k", "v"), grads)}
 
 
 def gqa_equals_repeated_kv(case: Case, impl: Implementation) -> None:
@@ -644,7 +679,7 @@ def gqa_equals_repeated_kv(case: Case, impl: Implementation) -> None:
     assert_close("o", outs["o"], to_numpy(outs2["o"]), 2 * a_o, dtype=dtype, record=False, what=what)
     assert_close("lse", outs["lse"], to_numpy(outs2["lse"]), 2 * a_lse, dtype=torch.float32, record=False, what=what)
 
-    q64, k64, v64, do64 = (to_numpy(values[n]) for n in ("q", "k", "v", "do"))
+    q64, k64, v64, do64 = (values[n].detach().to(torch.float64) for n in ("q", "k", "v", "do"))
     p = precision(impl, case)
     args = (case.params["causal"], _scale_of(case), p, window_of(case), mods(case)["alibi_slopes"],
             mods(case)["softcap"])
@@ -853,8 +888,8 @@ def softcap_large_cap_plain(case: Case, impl: Implementation) -> None:
     |s|^3 / (3 c^2) <= |s| / 12288. Within both calls' allowances (the capped one's carries
     tanh's rounding, (2 EXP_ULPS + 7) u c) plus their fp64 references' difference."""
     values = case.materialise(backend.device())
-    q, k = to_numpy(values["q"]), ref.repeat_kv(to_numpy(values["k"]), values["q"].shape[1])
-    top = float(np.max(np.abs(q @ np.swapaxes(k, -1, -2)), initial=0.0)) * _scale_of(case)
+    q, k = values["q"].to(torch.float64), ref.repeat_kv(values["k"].to(torch.float64), values["q"].shape[1])
+    top = float((q @ k.transpose(-1, -2)).abs().amax()) * _scale_of(case)
     cap = 2.0 ** min(120, max(0, math.ceil(math.log2(max(64 * top, 1.0)))))
     capped = with_params(case, softcap=cap)
     capped_values = _values_for(capped, {**values, "softcap": cap})

@@ -1,53 +1,99 @@
 """Tolerance rules of the attention family: o and lse of attention, and its gradients.
 
 The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
-their sources) are in :mod:`properties.tolerance`."""
+their sources) are in :mod:`properties.tolerance`.
+
+The rules are evaluated in float64 torch on the device the suite runs on (the GPU when
+there is one), over blocks of query rows: a rule's cost is a few N x N products and
+reductions per head, which took 37-57 % of an attention example as NumPy on one host
+thread (docs/speed.md), and a block of rows keeps the N x N intermediates of long
+sequences within ROW_BLOCK_ELEMENTS per array. Every quantity of a query row depends on
+that row's scores only, except the per-key sums of the gradients (dk, dv), which add
+up over the blocks. Arguments may be NumPy arrays or torch tensors; results are NumPy.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from properties import backend
 from properties.tolerance import DOT_READ_FLOOR, EXP_ULPS, SAFETY, Precision, sum_error, unit_roundoff
-from references.attention import _scores as _ref_scores
-from references.attention import alibi_bias, repeat_kv, visible_pairs
+from references.attention import alibi_bias_torch as _alibi_bias
+from references.attention import visible_pairs_torch
+
+# elements of one [B, H, rows, Nk] float64 intermediate (128 MiB); a block of rows holds
+# about twenty of them at once
+ROW_BLOCK_ELEMENTS = 2**24
 
 
-def attention_scores(q: np.ndarray, k: np.ndarray, causal: bool, scale: float, window=(-1, -1),
-                     alibi_slopes=None, softcap: float = 0.0):
+def _device() -> torch.device:
+    return backend.device()
+
+
+def _f64(x, device) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device=device, dtype=torch.float64)
+    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=device)
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()
+
+
+def _row_blocks(heads: int, n_q: int, n_k: int):
+    rows = max(1, ROW_BLOCK_ELEMENTS // max(1, heads * n_k))
+    for r0 in range(0, n_q, rows):
+        yield slice(r0, min(n_q, r0 + rows))
+
+
+def attention_scores(q, k, causal: bool, scale: float, window=(-1, -1), alibi_slopes=None, softcap: float = 0.0,
+                     rows: slice | None = None, n_q: int | None = None):
     """fp64 scores (scaled, softcapped, ALiBi-biased: references.attention), -inf at masked
     (i, j) (causal and window, bottom-right aligned); and the mask of kept pairs. k has q's
-    heads (GQA: see :func:`repeat_kv`)."""
-    s = _ref_scores(q @ np.swapaxes(k, -1, -2), scale, softcap, alibi_slopes)
-    visible = np.broadcast_to(visible_pairs(q.shape[-2], k.shape[-2], causal, tuple(window)), s.shape)
-    return np.where(visible, s, -np.inf), visible
+    heads (GQA: see :func:`_repeat_kv`). ``q`` holds query rows ``rows`` of ``n_q`` (default: all)."""
+    n_q = q.shape[-2] if n_q is None else n_q
+    rows = slice(0, q.shape[-2]) if rows is None else rows
+    s = (q @ k.transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        s = s + _alibi_bias(alibi_slopes, n_q, k.shape[-2], rows)
+    visible = visible_pairs_torch(n_q, k.shape[-2], causal, tuple(window), q.device, rows).expand(s.shape)
+    return s.masked_fill(~visible, float("-inf")), visible
 
 
-def _visible_max(x: np.ndarray, n_q: int, causal: bool, window) -> np.ndarray:
-    """[..., Nq, D]: per query row, the largest x_j over the keys j it sees, or an upper
+def _repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """k or v [B, Hkv, N, D] with each KV head repeated for its group of query heads."""
+    return t.repeat_interleave(heads // t.shape[-3], dim=-3)
+
+
+def _visible_max(prefix_max: torch.Tensor, whole_max: torch.Tensor, rows: slice, n_q: int, causal: bool,
+                 window) -> torch.Tensor:
+    """[..., rows, D]: per query row, the largest x_j over the keys j it sees, or an upper
     bound of it ([..., 1, D], every key) where the band has a lower edge. Rows see a prefix
     of the keys (causal or right-bounded, left unbounded): a running max read at the row's
     last key. Without a band: the max over all keys. Rows that see no key read key 0 (their
     o is exactly 0, the bound is not needed)."""
-    n_k = x.shape[-2]
+    n_k = prefix_max.shape[-2]
     left, right = window
     if left >= 0 or (not causal and right < 0):
-        return np.max(x, axis=-2, keepdims=True)
+        return whole_max
     if causal:
         right = 0 if right < 0 else min(right, 0)
-    last = np.clip(np.arange(n_q) + (n_k - n_q) + right, 0, n_k - 1)
-    return np.maximum.accumulate(x, axis=-2)[..., last, :]
+    last = (torch.arange(rows.start, rows.stop, device=prefix_max.device) + (n_k - n_q) + right).clamp(0, n_k - 1)
+    return prefix_max[..., last, :]
 
 
-def _group_sum(x: np.ndarray, kv_heads: int) -> np.ndarray:
+def _group_sum(x, kv_heads: int):
     """[B, H, N, D] per query head -> [B, Hkv, N, D]: the sum over each KV head's group."""
     b, h = x.shape[:2]
-    return x.reshape(b, kv_heads, h // kv_heads, *x.shape[2:]).sum(axis=2)
+    return x.reshape(b, kv_heads, h // kv_heads, *x.shape[2:]).sum(2)
 
 
-
-
-def attention_score_error(q: np.ndarray, k: np.ndarray, s: np.ndarray, visible: np.ndarray,
-                          scale: float, p: Precision, alibi_slopes=None, softcap: float = 0.0) -> np.ndarray:
+def attention_score_error(q, k, s, visible, scale: float, p: Precision, alibi_slopes=None, softcap: float = 0.0,
+                          rows: slice | None = None, n_q: int | None = None):
     """Bound (SAFETY included) on the absolute error of each score s_ij, in natural units,
     as an exponent error of p_ij: eps_ij.
 
@@ -76,29 +122,31 @@ def attention_score_error(q: np.ndarray, k: np.ndarray, s: np.ndarray, visible: 
     fp64 in the reference, so the fp32 slopes' own rounding does not count.
     """
     d = q.shape[-1]
-    a = scale * (np.abs(q) @ np.swapaxes(np.abs(k), -1, -2))
-    reads = scale * DOT_READ_FLOOR * (np.sum(np.abs(q), axis=-1)[..., :, None]
-                                            + np.sum(np.abs(k), axis=-1)[..., None, :])
+    kt = k.transpose(-1, -2)
+    a = scale * (q.abs() @ kt.abs())
+    reads = scale * DOT_READ_FLOOR * (q.abs().sum(-1)[..., :, None] + k.abs().sum(-1)[..., None, :])
     u_in = unit_roundoff(p.dtype)
-    with np.errstate(invalid="ignore"):
-        m = np.max(s, axis=-1, keepdims=True)
-        if not softcap and alibi_slopes is None:
-            eps = SAFETY * ((p.dot + sum_error(d, p.compute)) * a + reads + 2 * (u_in + p.compute) * np.abs(s)
-                            + p.compute * (np.abs(s - m) + EXP_ULPS))
-            return np.where(visible, eps, 0.0)
-        raw = np.abs(q @ np.swapaxes(k, -1, -2)) * scale
-        e_raw = (p.dot + sum_error(d, p.compute)) * a + reads + 2 * (u_in + p.compute) * raw
-        bias = np.zeros_like(raw) if alibi_slopes is None else np.abs(
-            alibi_bias(alibi_slopes, raw.shape, raw.shape[-2], raw.shape[-1]))
-        after = 2 * p.compute * np.abs(s) + (p.compute + u_in) * (bias + np.abs(s))
-        if softcap:
-            e_raw = e_raw + (p.compute + u_in) * raw
-            g = 1.0 - np.tanh(np.maximum(0.0, raw - SAFETY * e_raw) / softcap) ** 2
-            capped = np.abs(np.where(visible, s, 0.0)) + bias  # |s_c| <= |s| + |bias|
-            e_raw = g * e_raw
-            after = after + p.compute * (softcap * (2 * EXP_ULPS + 7) + 2 * capped) + 3 * u_in * capped
-        eps = SAFETY * (e_raw + after + p.compute * (np.abs(s - m) + EXP_ULPS))
-    return np.where(visible, eps, 0.0)
+    m = s.amax(-1, keepdim=True)
+    if not softcap and alibi_slopes is None:
+        eps = SAFETY * ((p.dot + sum_error(d, p.compute)) * a + reads + 2 * (u_in + p.compute) * s.abs()
+                        + p.compute * ((s - m).abs() + EXP_ULPS))
+        return torch.where(visible, eps, 0.0)
+    raw = (q @ kt).abs() * scale
+    e_raw = (p.dot + sum_error(d, p.compute)) * a + reads + 2 * (u_in + p.compute) * raw
+    if alibi_slopes is None:
+        bias = torch.zeros_like(raw)
+    else:
+        rows = slice(0, q.shape[-2]) if rows is None else rows
+        bias = _alibi_bias(alibi_slopes, q.shape[-2] if n_q is None else n_q, k.shape[-2], rows).abs().expand(raw.shape)
+    after = 2 * p.compute * s.abs() + (p.compute + u_in) * (bias + s.abs())
+    if softcap:
+        e_raw = e_raw + (p.compute + u_in) * raw
+        g = 1.0 - torch.tanh((raw - SAFETY * e_raw).clamp(min=0.0) / softcap) ** 2
+        capped = torch.where(visible, s, 0.0).abs() + bias  # |s_c| <= |s| + |bias|
+        e_raw = g * e_raw
+        after = after + p.compute * (softcap * (2 * EXP_ULPS + 7) + 2 * capped) + 3 * u_in * capped
+    eps = SAFETY * (e_raw + after + p.compute * ((s - m).abs() + EXP_ULPS))
+    return torch.where(visible, eps, 0.0)
 
 
 def _attention_parts(p: Precision):
@@ -127,27 +175,162 @@ def attention_floor(p: Precision) -> float:
     return p.floor
 
 
-def _same_key_as(k: np.ndarray, jstar: np.ndarray) -> np.ndarray:
-    """[..., Nq, Nk]: whether key j's row of k equals, bit for bit, the row of key
-    jstar[..., i] (ids of distinct rows per batch and head, so memory stays Nq x Nk)."""
-    ids = np.empty(k.shape[:-1], dtype=np.int64)
-    for index in np.ndindex(*k.shape[:-2]):
-        _, ids[index] = np.unique(k[index], axis=0, return_inverse=True)
-    return ids[..., None, :] == np.take_along_axis(ids[..., None, :], jstar, axis=-1)
+def _key_ids(k: torch.Tensor) -> torch.Tensor:
+    """[..., Nk] int64: ids of the distinct rows of k, bit for bit, per batch and head."""
+    bits = k.contiguous().view(torch.int64)
+    ids = torch.empty(k.shape[:-1], dtype=torch.int64, device=k.device)
+    for b in range(k.shape[0]):
+        for h in range(k.shape[1]):
+            ids[b, h] = torch.unique(bits[b, h], dim=0, return_inverse=True)[1]
+    return ids
 
 
-def _log_weights(s: np.ndarray, visible: np.ndarray) -> np.ndarray:
+def _same_key_as(ids: torch.Tensor, jstar: torch.Tensor) -> torch.Tensor:
+    """[..., rows, Nk]: whether key j's row of k equals, bit for bit, the row of key
+    jstar[..., i] (``ids`` from :func:`_key_ids`, so memory stays rows x Nk)."""
+    rows_ids = ids[..., None, :].expand(*jstar.shape[:-1], ids.shape[-1])
+    return rows_ids == torch.gather(rows_ids, -1, jstar)
+
+
+def _log_weights(s: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """log p_ij = (s_ij - m_i) - log sum_j exp(s_ij - m_i), -inf where masked. Not s - lse:
     for scores of 1e16 and more lse = m + log(sum) rounds to m in fp64, and a row of equal
     scores got log-weights 0 (weights 1, not 1/n)."""
-    m = np.max(np.where(visible, s, -np.inf), axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    d = np.where(visible, s - m, -np.inf)
-    return d - np.log(np.sum(np.exp(d), axis=-1, keepdims=True))
+    m = s.masked_fill(~visible, float("-inf")).amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, 0.0)
+    d = torch.where(visible, s - m, float("-inf"))
+    return d - torch.log(torch.exp(d).sum(-1, keepdim=True))
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
-              causal: bool, scale: float, p: Precision, window=(-1, -1), alibi_slopes=None,
+@dataclass
+class _Problem:
+    """One attention call's fp64 tensors on the rule's device (k, v repeated per query
+    head), and what every block of query rows needs from all the keys."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    o: torch.Tensor
+    lse: torch.Tensor
+    causal: bool
+    scale: float
+    p: Precision
+    window: tuple[int, int]
+    alibi_slopes: torch.Tensor | None
+    softcap: float
+
+    @classmethod
+    def of(cls, q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap) -> "_Problem":
+        dev = _device()
+        q = _f64(q, dev)
+        k, v = (_repeat_kv(_f64(t, dev), q.shape[-3]) for t in (k, v))
+        slopes = None if alibi_slopes is None else _f64(alibi_slopes, dev)
+        return cls(q, k, v, _f64(o, dev), _f64(lse, dev), bool(causal), float(scale), p, tuple(window), slopes,
+                   float(softcap))
+
+    def __post_init__(self):
+        v = self.v
+        # the midrange of each value column: a centre c for |v_j - o| <= |v_j - c| + |o - c|
+        c = (v.amax(-2, keepdim=True) + v.amin(-2, keepdim=True)) / 2
+        self.centre = torch.where(torch.isfinite(c), c, 0.0)
+        self.dv_c = (v - self.centre).abs()
+        self.av = v.abs()
+        # running maxima over the keys (a row's visible prefix) and over all keys
+        self.dv_c_max = (self.dv_c.cummax(-2).values, self.dv_c.amax(-2, keepdim=True))
+        self.av_max = (self.av.cummax(-2).values, self.av.amax(-2, keepdim=True))
+        self.key_ids = _key_ids(self.k) if self.alibi_slopes is None else None
+
+    @property
+    def n_q(self) -> int:
+        return self.q.shape[-2]
+
+    def blocks(self):
+        return _row_blocks(self.q.shape[0] * self.q.shape[1], self.n_q, self.k.shape[-2])
+
+
+@dataclass
+class _Block:
+    """A block of query rows: their scores and weights, and their forward allowances."""
+
+    rows: slice
+    s: torch.Tensor
+    visible: torch.Tensor
+    eps: torch.Tensor
+    logp: torch.Tensor
+    pr: torch.Tensor
+    o_allowed: torch.Tensor
+    lse_allowed: torch.Tensor
+
+
+def _forward_block(pb: _Problem, rows: slice) -> _Block:
+    """:func:`attention`'s rule for query rows ``rows``."""
+    p = pb.p
+    q, k = pb.q[..., rows, :], pb.k
+    s, visible = attention_scores(q, k, pb.causal, pb.scale, pb.window, pb.alibi_slopes, pb.softcap, rows, pb.n_q)
+    eps = attention_score_error(q, k, s, visible, pb.scale, p, pb.alibi_slopes, pb.softcap, rows, pb.n_q)
+    u_p, p_floor = _attention_parts(p)
+    tiny = float(torch.finfo(p.dtype).tiny)
+    o, lse = pb.o[..., rows, :], pb.lse[..., rows]
+    logp = _log_weights(s, visible)
+    pr = torch.where(visible, torch.exp(logp), 0.0)
+    # keys each row sees; a row that sees none counts 1 (its pr is 0, o exactly 0)
+    n = visible.sum(-1, keepdim=True).clamp(min=1).to(torch.float64)
+    nb = torch.ceil(n / 16)
+    jstar = s.argmax(-1, keepdim=True)
+    eps_star = torch.gather(eps, -1, jstar)
+    top = torch.arange(s.shape[-1], device=s.device) == jstar
+    # A key whose row of k is the top key's, bit for bit, gets the same computed score
+    # (the same dot product of the same operands): its zeta_j is exactly 0. Not with
+    # ALiBi: the bias differs per key position, and so does its rounding (a bias of 0.5
+    # vanishes next to a capped score of 1e36 in fp32, for one key and not the other)
+    twin = _same_key_as(pb.key_ids, jstar) if pb.key_ids is not None else torch.zeros_like(visible)
+    big_e = torch.where(visible & ~top & ~twin, eps + eps_star, 0.0)
+    # p_j (e^{E_j} - 1), formed in the log domain: p_j may underflow where e^{E_j}
+    # does not; exponents are clipped at 300 (the allowance is then capped anyway)
+    w = torch.where(visible, torch.exp((logp + big_e).clamp(max=300.0)), 0.0) - pr
+    # z bounds the perturbed normaliser from below; it includes p_max >= 1/n. With scores
+    # near 1e76 (bf16 q, k near max), s - lse loses every digit in fp64 and p_max can
+    # come out 0 (then z = 0 and the allowance inf); 1/n keeps the bound finite and true.
+    z = torch.maximum(torch.maximum(torch.gather(pr, -1, jstar), 1.0 / n),
+                      (pr * torch.exp(-big_e)).sum(-1, keepdim=True))
+    av, ao = pb.av, o.abs()
+    pv = pr @ av
+    # |v_j - o| <= |v_j - c| + |o - c| for any centre c of each value column; the
+    # midrange of the column keeps both small when the values share a large offset
+    # (o is then close to every v_j, and perturbed weights move it little)
+    do_c = (o - pb.centre).abs()
+    w_sum = w.sum(-1, keepdim=True)
+    # both centres give a bound (c = 0: values spread around 0, where a midrange c
+    # drawn off 0 would loosen it): the smaller one holds
+    score_part = torch.minimum(w @ pb.dv_c + w_sum * do_c, w @ av + w_sum * ao) / z
+    # the weights' perturbation alone keeps o' a convex combination of the visible v_j
+    vdev = _visible_max(*pb.dv_c_max, rows, pb.n_q, pb.causal, pb.window)
+    score_part = torch.minimum(score_part, 2 * (vdev + do_c))
+    sub = (visible & (pr < 4 * tiny)).to(torch.float64)
+    rounding = u_p * pv + p_floor * (sub @ av) + (sum_error(n, p.compute) + 2 * nb * p.compute) * (pv + ao) \
+        + p.compute * ao + DOT_READ_FLOOR
+    vmax = _visible_max(*pb.av_max, rows, pb.n_q, pb.causal, pb.window)
+    o_allowed = torch.minimum(score_part + SAFETY * rounding, 2 * (vmax + ao)) + p.store * ao + attention_floor(p)
+
+    t = torch.where(visible, s + eps, float("-inf"))
+    mt = t.amax(-1, keepdim=True)
+    lse_score = (mt + torch.log(torch.exp(t - mt).sum(-1, keepdim=True)))[..., 0] - lse
+    m = s.amax(-1)
+    s_min = torch.where(visible, s, float("inf")).amin(-1)
+    n, nb = n[..., 0], nb[..., 0]
+    lse_allowed = lse_score.clamp(min=0.0) + SAFETY * (
+        sum_error(n, p.compute) + nb * p.compute * (EXP_ULPS + 2) + p.compute * (m - s_min)
+        + p.compute * (2 * m.abs() + lse.abs() + (lse - m).abs() + EXP_ULPS)) \
+        + float(torch.finfo(torch.float32).tiny)
+    # a row that sees no key is exact (o = 0, lse = -inf): allowance 0, never NaN (the
+    # terms above form -inf - -inf there), so sums of allowances over calls stay finite
+    sees = visible.any(-1)
+    o_allowed = torch.where(sees[..., None], o_allowed, 0.0)
+    lse_allowed = torch.where(sees, lse_allowed, 0.0)
+    return _Block(rows, s, visible, eps, logp, pr, o_allowed, lse_allowed)
+
+
+def attention(q, k, v, o, lse, causal: bool, scale: float, p: Precision, window=(-1, -1), alibi_slopes=None,
               softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Allowed absolute errors of (o, lse) of attention, from the fp64 inputs and reference.
 
@@ -186,71 +369,12 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: n
     o became vacuous (allowance >= |o|) wherever the scores were uncertain: 246125 of
     308151 bfloat16 o elements in an H100 run, the v "offset" family first among them.
     """
-    k, v = repeat_kv(k, q.shape[-3]), repeat_kv(v, q.shape[-3])
-    s, visible = attention_scores(q, k, causal, scale, window, alibi_slopes, softcap)
-    eps = attention_score_error(q, k, s, visible, scale, p, alibi_slopes, softcap)
-    u_p, p_floor = _attention_parts(p)
-    tiny = float(torch.finfo(p.dtype).tiny)
-    with np.errstate(invalid="ignore", over="ignore", under="ignore", divide="ignore"):
-        logp = _log_weights(s, visible)
-        pr = np.where(visible, np.exp(logp), 0.0)
-        # keys each row sees; a row that sees none counts 1 (its pr is 0, o exactly 0)
-        n = np.maximum(visible.sum(axis=-1, keepdims=True), 1)
-        nb = np.ceil(n / 16)
-        jstar = np.argmax(s, axis=-1)[..., None]
-        eps_star = np.take_along_axis(eps, jstar, axis=-1)
-        top = np.arange(s.shape[-1]) == jstar
-        # A key whose row of k is the top key's, bit for bit, gets the same computed score
-        # (the same dot product of the same operands): its zeta_j is exactly 0. Not with
-        # ALiBi: the bias differs per key position, and so does its rounding (a bias of 0.5
-        # vanishes next to a capped score of 1e36 in fp32, for one key and not the other)
-        twin = _same_key_as(k, jstar) if alibi_slopes is None else np.zeros(s.shape, dtype=bool)
-        big_e = np.where(visible & ~top & ~twin, eps + eps_star, 0.0)
-        # p_j (e^{E_j} - 1), formed in the log domain: p_j may underflow where e^{E_j}
-        # does not; exponents are clipped at 300 (the allowance is then capped anyway)
-        w = np.where(visible, np.exp(np.minimum(logp + big_e, 300.0)), 0.0) - pr
-        # z bounds the perturbed normaliser from below; it includes p_max >= 1/n. With scores
-        # near 1e76 (bf16 q, k near max), s - lse loses every digit in fp64 and p_max can
-        # come out 0 (then z = 0 and the allowance inf); 1/n keeps the bound finite and true.
-        z = np.maximum(np.maximum(np.take_along_axis(pr, jstar, axis=-1), 1.0 / n),
-                       np.sum(pr * np.exp(-big_e), axis=-1, keepdims=True))
-        av, ao = np.abs(v), np.abs(o)
-        pv = pr @ av
-        # |v_j - o| <= |v_j - c| + |o - c| for any centre c of each value column; the
-        # midrange of the column keeps both small when the values share a large offset
-        # (o is then close to every v_j, and perturbed weights move it little)
-        c = (np.max(v, axis=-2, keepdims=True) + np.min(v, axis=-2, keepdims=True)) / 2
-        c = np.where(np.isfinite(c), c, 0.0)
-        dv_c, do_c = np.abs(v - c), np.abs(o - c)
-        w_sum = np.sum(w, axis=-1, keepdims=True)
-        # both centres give a bound (c = 0: values spread around 0, where a midrange c
-        # drawn off 0 would loosen it): the smaller one holds
-        score_part = np.minimum(w @ dv_c + w_sum * do_c, w @ av + w_sum * ao) / z
-        # the weights' perturbation alone keeps o' a convex combination of the visible v_j
-        vdev = _visible_max(dv_c, s.shape[-2], causal, window)
-        score_part = np.minimum(score_part, 2 * (vdev + do_c))
-        sub = np.where(visible & (pr < 4 * tiny), 1.0, 0.0)
-        rounding = u_p * pv + p_floor * (sub @ av) + (sum_error(n, p.compute) + 2 * nb * p.compute) * (pv + ao) \
-            + p.compute * ao + DOT_READ_FLOOR
-        vmax = _visible_max(av, s.shape[-2], causal, window)
-        o_allowed = np.minimum(score_part + SAFETY * rounding, 2 * (vmax + ao)) + p.store * ao + attention_floor(p)
-
-        t = np.where(visible, s + eps, -np.inf)
-        mt = np.max(t, axis=-1, keepdims=True)
-        lse_score = (mt + np.log(np.sum(np.exp(t - mt), axis=-1, keepdims=True)))[..., 0] - lse
-        m = np.max(s, axis=-1)
-        s_min = np.min(np.where(visible, s, np.inf), axis=-1)
-        n, nb = n[..., 0], nb[..., 0]
-        lse_allowed = np.maximum(lse_score, 0.0) + SAFETY * (
-            sum_error(n, p.compute) + nb * p.compute * (EXP_ULPS + 2) + p.compute * (m - s_min)
-            + p.compute * (2 * np.abs(m) + np.abs(lse) + np.abs(lse - m) + EXP_ULPS)) \
-            + float(torch.finfo(torch.float32).tiny)
-        # a row that sees no key is exact (o = 0, lse = -inf): allowance 0, never NaN (the
-        # terms above form -inf - -inf there), so sums of allowances over calls stay finite
-        sees = visible.any(axis=-1)
-        o_allowed = np.where(sees[..., None], o_allowed, 0.0)
-        lse_allowed = np.where(sees, lse_allowed, 0.0)
-    return o_allowed, lse_allowed
+    pb = _Problem.of(q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap)
+    a_o, a_lse = torch.empty_like(pb.o), torch.empty_like(pb.lse)
+    for rows in pb.blocks():
+        block = _forward_block(pb, rows)
+        a_o[..., rows, :], a_lse[..., rows] = block.o_allowed, block.lse_allowed
+    return _numpy(a_o), _numpy(a_lse)
 
 
 PARTIAL_SUM_BLOCK = 32  # rows per partial gradient sum in PyTorch's CPU flash attention
@@ -294,75 +418,89 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
     """
     kv_heads = k.shape[-3]
     group = q.shape[-3] // kv_heads
-    o_allowed, lse_allowed = attention(q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap)
-    k, v = repeat_kv(k, q.shape[-3]), repeat_kv(v, q.shape[-3])
-    s, visible = attention_scores(q, k, causal, scale, window, alibi_slopes, softcap)
-    eps = attention_score_error(q, k, s, visible, scale, p, alibi_slopes, softcap)
+    pb = _Problem.of(q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap)
+    dev = pb.q.device
+    do, dq, dk, dv = (_f64(t, dev) for t in (do, dq, dk, dv))
     u_p, p_floor = _attention_parts(p)
     u_in = unit_roundoff(p.dtype)
     tiny = float(torch.finfo(p.dtype).tiny)
-    d = q.shape[-1]
-    kt = lambda x: np.swapaxes(x, -1, -2)  # noqa: E731
-    with np.errstate(invalid="ignore", over="ignore", under="ignore", divide="ignore"):
-        logp = _log_weights(s, visible)
-        pr = np.where(visible, np.exp(logp), 0.0)
-        expo = np.where(visible, eps + lse_allowed[..., None] + SAFETY * p.compute * (np.abs(s - lse[..., None])
-                                                                                       + EXP_ULPS), 0.0)
+    d = pb.q.shape[-1]
+    abs_k, av = pb.k.abs(), pb.av
+    # dS rounds into the dtype's subnormals before (kernel) or after (plain PyTorch: the
+    # product with sm_scale in the dtype) the scale: p_floor at whichever is larger
+    ds_floor = p_floor * max(1.0, 1.0 / scale)
+    dq_allowed = torch.empty_like(pb.q)
+    # per-key sums over every query row, added up block by block (dk, dv)
+    dk_err, dk_sum, dv_err, dv_sum = (torch.zeros_like(pb.k) for _ in range(4))
+    ds_col, pr_col = (torch.zeros(pb.k.shape[:-1], dtype=torch.float64, device=dev) for _ in range(2))
+    seen_by = torch.zeros(pb.k.shape[-2], dtype=torch.float64, device=dev)  # query rows that see each key
+    for rows in pb.blocks():
+        blk = _forward_block(pb, rows)
+        visible, pr, s = blk.visible, blk.pr, blk.s
+        qr, do_r, o_r = pb.q[..., rows, :], do[..., rows, :], pb.o[..., rows, :]
+        lse_r = pb.lse[..., rows]
+        expo = torch.where(visible, blk.eps + blk.lse_allowed[..., None]
+                           + SAFETY * p.compute * ((s - lse_r[..., None]).abs() + EXP_ULPS), 0.0)
         # P_ij (e^{expo} - 1), in the log domain (P_ij may underflow where the product does not)
-        p_rel = np.where(visible, np.exp(np.minimum(logp + expo, 300.0)), 0.0) - pr
-        n_row = visible.sum(axis=-1, keepdims=True)  # keys each query sees
-        n_col = group * kt(visible.sum(axis=-2, keepdims=True))  # query rows (of the group) that see each key
-        ad, av, ao = np.abs(do), np.abs(v), np.abs(o)
-        dp = do @ kt(v)
-        delta = np.sum(do * o, axis=-1, keepdims=True)
-        r = np.abs(dp - delta)
-        # dS rounds into the dtype's subnormals before (kernel) or after (plain PyTorch: the
-        # product with sm_scale in the dtype) the scale: p_floor at whichever is larger
-        ds_floor = p_floor * max(1.0, 1.0 / scale)
+        p_rel = torch.where(visible, torch.exp((blk.logp + expo).clamp(max=300.0)), 0.0) - pr
+        n_row = visible.sum(-1, keepdim=True)  # keys each query sees
+        seen_by += visible[0, 0].sum(-2)
+        ad, ao = do_r.abs(), o_r.abs()
+        dp = do_r @ pb.v.transpose(-1, -2)
+        delta = (do_r * o_r).sum(-1, keepdim=True)
+        r = (dp - delta).abs()
         ds = pr * (dp - delta)
-        e_dp = (p.dot + sum_error(d, p.compute)) * (ad @ kt(av)) + u_in * np.abs(dp) \
-            + DOT_READ_FLOOR * (np.sum(ad, axis=-1)[..., :, None] + np.sum(av, axis=-1)[..., None, :])
-        e_delta = sum_error(d, p.compute) * np.sum(ad * ao, axis=-1, keepdims=True) \
-            + np.sum((p_rel + u_in * pr) * np.abs(dp), axis=-1, keepdims=True)
+        e_dp = (p.dot + sum_error(d, p.compute)) * (ad @ av.transpose(-1, -2)) + u_in * dp.abs() \
+            + DOT_READ_FLOOR * (ad.sum(-1)[..., :, None] + av.sum(-1)[..., None, :])
+        e_delta = sum_error(d, p.compute) * (ad * ao).sum(-1, keepdim=True) \
+            + ((p_rel + u_in * pr) * dp.abs()).sum(-1, keepdim=True)
         # a P near underflow is only known to p_floor (a GPU's exp2 flushes it to 0), and
         # dS = P (dP - delta) carries that times |dP - delta| (H100: dk 0 for -6e-37 with
         # v near fp32's max, where |dP - delta| ~ 1e36)
-        p_underflow = p_floor * r * (visible & (pr < 4 * tiny))
-        e_ds = p_rel * r + pr * np.sum(ad * o_allowed, axis=-1, keepdims=True) + SAFETY * (
-            pr * (e_dp + e_delta + p.compute * r) + (u_p + u_in) * np.abs(ds) + ds_floor * visible + p_underflow)
+        small = visible & (pr < 4 * tiny)
+        p_underflow = p_floor * r * small
+        e_ds = p_rel * r + pr * (ad * blk.o_allowed).sum(-1, keepdim=True) + SAFETY * (
+            pr * (e_dp + e_delta + p.compute * r) + (u_p + u_in) * ds.abs() + ds_floor * visible + p_underflow)
         if softcap:
             # dS of the raw score is dS_c (1 - t^2), t = tanh(r / c): the rule's dS is dS_c, a
             # bound on it (1 - t^2 <= 1); the factor's error: t errs by tanh's own (2 EXP_ULPS
             # + 7) u plus the raw score's error / c (tanh' <= 1), |t'^2 - t^2| <= 2 dt + dt^2,
             # and 1 - t t rounds (2 u, in the dtype for plain PyTorch's tanh backward)
-            raw = np.abs(q @ kt(k)) * scale
-            e_raw = (p.dot + sum_error(d, p.compute)) * scale * (np.abs(q) @ kt(np.abs(k))) \
-                + DOT_READ_FLOOR * scale * (np.sum(np.abs(q), axis=-1)[..., :, None]
-                                            + np.sum(np.abs(k), axis=-1)[..., None, :]) \
+            raw = (qr @ pb.k.transpose(-1, -2)).abs() * scale
+            e_raw = (p.dot + sum_error(d, p.compute)) * scale * (qr.abs() @ abs_k.transpose(-1, -2)) \
+                + DOT_READ_FLOOR * scale * (qr.abs().sum(-1)[..., :, None] + abs_k.sum(-1)[..., None, :]) \
                 + 3 * (u_in + p.compute) * raw
-            dt = np.minimum(2.0, (2 * EXP_ULPS + 7) * p.compute + SAFETY * e_raw / softcap)
-            dg = np.minimum(1.0, 2 * dt + dt * dt + 2 * (p.compute + u_in))
-            e_ds = e_ds + SAFETY * dg * np.abs(ds) * visible
-        e_ds = np.minimum(e_ds, 1e300)
-        ads = np.abs(ds)
-        reads_row = DOT_READ_FLOOR * np.sum(ads, axis=-1, keepdims=True)  # k misread, per dq_i
-        reads_col = DOT_READ_FLOOR * kt(np.sum(ads, axis=-2, keepdims=True))  # q misread, per dk_j
-        dq_allowed = scale * (e_ds @ np.abs(k) + SAFETY * reads_row + SAFETY * (p.dot + sum_error(n_row, p.compute)) * (ads @ np.abs(k))) \
-            + (SAFETY * p.compute + p.store) * np.abs(dq) + attention_floor(p)
-        dk_allowed = _group_sum(scale * (kt(e_ds) @ np.abs(q) + SAFETY * reads_col
-                                         + SAFETY * (p.dot + sum_error(n_col, p.compute)) * (kt(ads) @ np.abs(q))),
-                                kv_heads) + (SAFETY * p.compute + p.store) * np.abs(dk) + attention_floor(p)
-        e_p = p_rel + SAFETY * (u_p * pr + p_floor * (visible & (pr < 4 * tiny)))
-        dv_allowed = _group_sum(kt(e_p) @ ad + SAFETY * (p.dot + sum_error(n_col, p.compute)) * (kt(pr) @ ad)
-                                + SAFETY * DOT_READ_FLOOR * kt(np.sum(pr, axis=-2, keepdims=True)), kv_heads) \
-            + p.store * np.abs(dv) + attention_floor(p)
+            dt = ((2 * EXP_ULPS + 7) * p.compute + SAFETY * e_raw / softcap).clamp(max=2.0)
+            dg = (2 * dt + dt * dt + 2 * (p.compute + u_in)).clamp(max=1.0)
+            e_ds = e_ds + SAFETY * dg * ds.abs() * visible
+        e_ds = e_ds.clamp(max=1e300)
+        ads = ds.abs()
+        reads_row = DOT_READ_FLOOR * ads.sum(-1, keepdim=True)  # k misread, per dq_i
+        dq_allowed[..., rows, :] = scale * (e_ds @ abs_k + SAFETY * reads_row
+                                            + SAFETY * (p.dot + sum_error(n_row, p.compute)) * (ads @ abs_k)) \
+            + (SAFETY * p.compute + p.store) * dq[..., rows, :].abs() + attention_floor(p)
+        dk_err += e_ds.transpose(-1, -2) @ qr.abs()
+        dk_sum += ads.transpose(-1, -2) @ qr.abs()
+        ds_col += ads.sum(-2)
+        e_p = p_rel + SAFETY * (u_p * pr + p_floor * small)
+        dv_err += e_p.transpose(-1, -2) @ ad
+        dv_sum += pr.transpose(-1, -2) @ ad
+        pr_col += pr.sum(-2)
+    n_col = (group * seen_by)[:, None]  # query rows (of the group) that see each key
+    reads_col = DOT_READ_FLOOR * ds_col[..., None]  # q misread, per dk_j
+    dk_allowed = _group_sum(scale * (dk_err + SAFETY * reads_col + SAFETY * (p.dot + sum_error(n_col, p.compute))
+                                     * dk_sum), kv_heads) + (SAFETY * p.compute + p.store) * dk.abs() \
+        + attention_floor(p)
+    dv_allowed = _group_sum(dv_err + SAFETY * (p.dot + sum_error(n_col, p.compute)) * dv_sum
+                            + SAFETY * DOT_READ_FLOOR * pr_col[..., None], kv_heads) \
+        + p.store * dv.abs() + attention_floor(p)
 
     def partial_sums(g, n, heads=1):
         # cdiv(n, 32) partial sums per head, over ``heads`` heads (GQA: a plain
         # implementation sums the repeated heads' gradients in the dtype): one rounding
         # fewer than partial sums
-        return max(0, heads * -(-n // PARTIAL_SUM_BLOCK) - 1) * (u_in * np.abs(g) + p.floor / 2)
+        return max(0, heads * -(-n // PARTIAL_SUM_BLOCK) - 1) * (u_in * g.abs() + p.floor / 2)
 
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    return {"dq": dq_allowed + partial_sums(dq, n_k), "dk": dk_allowed + partial_sums(dk, n_q, group),
-            "dv": dv_allowed + partial_sums(dv, n_q, group)}
+    n_q, n_k = pb.n_q, pb.k.shape[-2]
+    return {"dq": _numpy(dq_allowed + partial_sums(dq, n_k)), "dk": _numpy(dk_allowed + partial_sums(dk, n_q, group)),
+            "dv": _numpy(dv_allowed + partial_sums(dv, n_q, group))}

@@ -68,6 +68,13 @@ class Check:
         return inspect.getdoc(self.run) or ""
 
 
+def _float64(v):
+    """A floating-point tensor as float64 where it is; anything else as it is."""
+    if isinstance(v, torch.Tensor) and v.dtype.is_floating_point:
+        return v.detach().to(torch.float64)
+    return v
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """Everything the suite knows about one op of the contract (``docs/contract.md``,
@@ -143,15 +150,25 @@ class OpSpec:
         return dict(zip(self.outputs, items))
 
     def expected(self, case: Case, values: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """The fp64 NumPy reference on the same (already rounded) inputs.
+        """The fp64 reference on the same (already rounded) inputs: the NumPy reference, or,
+        for inputs on a GPU, the op's fp64 torch reference run there (the two are checked
+        against each other in tests/test_registry.py; on the GPU the N x N work of
+        attention's reference no longer waits on one host thread per worker).
 
-        Returns the reference outputs and the fp64 inputs it was given."""
+        Returns the reference outputs and the fp64 inputs it was given (NumPy)."""
         inputs64 = {k: (v.detach().to("cpu", torch.float64).numpy() if isinstance(v, torch.Tensor)
                         and v.dtype.is_floating_point else
                         (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v))
                     for k, v in values.items()}
-        out = self.reference(*(inputs64[a] for a in case.args))
-        out = out if isinstance(out, tuple) else (out,)
+        on_gpu = any(isinstance(values[a], torch.Tensor) and values[a].is_cuda for a in case.args)
+        if self.torch_reference is not None and on_gpu:
+            with torch.no_grad():
+                out = self.torch_reference(*(_float64(values[a]) for a in case.args))
+            out = out if isinstance(out, tuple) else (out,)
+            out = tuple(t.detach().cpu().numpy() for t in out)
+        else:
+            out = self.reference(*(inputs64[a] for a in case.args))
+            out = out if isinstance(out, tuple) else (out,)
         return dict(zip(self.outputs, out, strict=True)), inputs64
 
 

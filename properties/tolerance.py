@@ -81,8 +81,12 @@ def underflow_floor(dtype: torch.dtype) -> float:
     return max(float(info.tiny) * float(info.eps), float(torch.finfo(torch.float32).tiny))
 
 
-def sum_error(n: int | np.ndarray, u: float = U32):
-    """Relative error bound of a sum of ``n`` same-sign terms (see the module docstring)."""
+def sum_error(n, u: float = U32):
+    """Relative error bound of a sum of ``n`` same-sign terms (see the module docstring);
+    ``n`` an int, a NumPy array or a torch tensor (the result is of the same kind)."""
+    if isinstance(n, torch.Tensor):
+        n = n.to(torch.float64).clamp(min=1)
+        return u * (torch.log2(n) + SUM_LAMBDA * torch.sqrt(n))
     n = np.maximum(n, 1)
     return u * (np.log2(n) + SUM_LAMBDA * np.sqrt(n))
 

@@ -43,6 +43,34 @@ def visible_pairs(n_q: int, n_k: int, causal: bool = False, window=(-1, -1)) -> 
     return keep
 
 
+def visible_pairs_torch(n_q: int, n_k: int, causal: bool = False, window=(-1, -1), device=None,
+                        rows: slice | None = None) -> torch.Tensor:
+    """:func:`visible_pairs` as a torch tensor on ``device``, for query rows ``rows``
+    (default: all), built there (no N x N host array on the way to a GPU)."""
+    rows = slice(0, n_q) if rows is None else rows
+    i = torch.arange(rows.start, rows.stop, device=device)[:, None] + (n_k - n_q)  # row i's diagonal key
+    j = torch.arange(n_k, device=device)[None, :]
+    left, right = window
+    keep = torch.ones(rows.stop - rows.start, n_k, dtype=torch.bool, device=device)
+    if causal:
+        keep &= j <= i
+    if left >= 0:
+        keep &= j >= i - left
+    if right >= 0:
+        keep &= j <= i + right
+    return keep
+
+
+def alibi_bias_torch(slopes: torch.Tensor, n_q: int, n_k: int, rows: slice | None = None) -> torch.Tensor:
+    """:func:`alibi_bias` in float64 torch where ``slopes`` ([H] or [B, H]) are, for query
+    rows ``rows`` (default: all): [B or 1, H, rows, Nk]."""
+    rows = slice(0, n_q) if rows is None else rows
+    slopes = slopes.detach().to(torch.float64)
+    i = torch.arange(rows.start, rows.stop, device=slopes.device, dtype=torch.float64)[:, None] + (n_k - n_q)
+    dist = (i - torch.arange(n_k, device=slopes.device, dtype=torch.float64)[None, :]).abs()
+    return -slopes.reshape((1,) * (2 - slopes.dim()) + tuple(slopes.shape) + (1, 1)) * dist
+
+
 def alibi_bias(slopes, shape, n_q: int, n_k: int):
     """fp64 ALiBi bias -slope |i + Nk - Nq - j| for scores of ``shape`` [B, H, Nq, Nk]
     (NumPy), from slopes [H] or [B, H] (any array-like)."""
@@ -59,9 +87,10 @@ def _scores(raw, scale: float, softcap: float = 0.0, alibi_slopes=None):
         s = softcap * (torch.tanh(s / softcap) if isinstance(s, torch.Tensor) else np.tanh(s / softcap))
     if slopes is not None:
         n_q, n_k = s.shape[-2], s.shape[-1]
+        if isinstance(s, torch.Tensor):
+            return s + alibi_bias_torch(torch.as_tensor(slopes, device=s.device), n_q, n_k)
         slopes = slopes.detach().cpu().numpy() if isinstance(slopes, torch.Tensor) else slopes
-        bias = alibi_bias(slopes, tuple(s.shape), n_q, n_k)
-        s = s + (torch.from_numpy(np.ascontiguousarray(bias)).to(s.device) if isinstance(s, torch.Tensor) else bias)
+        s = s + alibi_bias(slopes, tuple(s.shape), n_q, n_k)
     return s
 
 
@@ -111,7 +140,7 @@ def attention_torch(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi
     scale = _scale(sm_scale, q.shape[-1])
 
     scores = _scores(q @ k.transpose(-1, -2), scale, softcap, alibi_slopes)
-    visible = torch.from_numpy(visible_pairs(n_q, n_k, causal, tuple(window))).to(q.device)
+    visible = visible_pairs_torch(n_q, n_k, causal, tuple(window), q.device)
     scores = scores.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     empty = ~visible.any(dim=-1)[:, None]  # [Nq, 1]

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, find, given, settings
 
 from properties import registry
 from properties.config import CONFIG
-from properties.strategies import Case, Layout, TensorSpec, block_edges, layouts, lengths, sizes, tensors
+from properties.strategies import LONG_FROM, Case, Layout, TensorSpec, block_edges, layouts, lengths, sizes, tensors
 
 
 def test_layout_is_a_view_with_the_promised_strides():
@@ -128,3 +128,34 @@ def test_softmax_rows_independent_always_has_two_rows():
         assert math.prod(case.tensors["x"].shape[:-1]) >= 2
 
     rows()
+
+
+def test_attention_reaches_long_sequences_on_the_gpu_profile(monkeypatch):
+    # Issue 12's realistic sizes: a 16k-key cache read by up to 2048 queries, squares to
+    # 8k, in about LONG_PERCENT of the draws of the large profile, alone in their example
+    # when the scores pass the budget; never on the CPU's.
+    from properties import attention
+
+    ops = registry.load()
+    monkeypatch.setattr(CONFIG, "size", "large")
+    shapes = _attention_shapes(ops, 400)
+    long = [(q, k) for q, k in shapes if k[2] >= LONG_FROM]
+    assert len(long) >= 5, f"{len(long)} of {len(shapes)} draws with Nk >= {LONG_FROM}"
+    assert all(k[2] <= attention.LONG_KEYS and q[2] <= max(attention.LONG_QUERIES, attention.LONG_SQUARE)
+               and q[0] * q[1] * q[2] * k[2] <= max(attention._SCORE_BUDGET, q[2] * k[2]) for q, k in long), long
+    assert any(k[2] > 8192 for _, k in long), long
+    monkeypatch.setattr(CONFIG, "size", "small")
+    assert all(k[2] < LONG_FROM for _, k in _attention_shapes(ops, 200)), "the CPU profile drew a long sequence"
+
+
+def _attention_shapes(ops, n):
+    shapes = []
+
+    @given(case=ops["attention"].cases(torch.float16))
+    @settings(max_examples=n, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    def draw(case):
+        shapes.append((case.tensors["q"].shape, case.tensors["k"].shape))
+
+    draw()
+    return shapes
