@@ -63,8 +63,9 @@ Dot products (all accumulate in fp32):
 Block sizes: BLOCK_M = BLOCK_N = 16 under the interpreter (TRITON_INTERPRET=1, so
 fuzzed cases stay fast and a multi-block case needs only N > 16); on the GPU 64 x 64
 for the forward (64 x 32 for fp32/bf16 with D = 128) and 32 x 32 (D <= 64) / 32 x 16
-for the backward. Sequence lengths and strides are not specialised on, so fuzzing
-many shapes compiles only one variant per (dtype class, BLOCK_D, banded, softcap, ALiBi).
+for the backward. No runtime argument is specialised on (sizes, strides, pointer
+alignment: kernels/specialisation.py), so fuzzing many shapes and layouts compiles one
+variant per (dtype class, BLOCK_D, banded, softcap, ALiBi).
 """
 from __future__ import annotations
 
@@ -76,6 +77,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.specialisation import unspecialised_jit
+
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # ln(2):   log(x) = log2(x) * LN2
 # the same as constexprs, the only kind of global a compiled kernel may read
@@ -85,9 +88,6 @@ _LN2 = tl.constexpr(LN2)
 MAX_HEAD_DIM = 128
 FP32_DOT_PRECISION = "ieee"
 
-# Integer arguments that change with every fuzzed shape: not specialised, so they do
-# not multiply the number of compiled variants.
-_NO_SPEC = ["H", "GROUP", "N_Q", "N_K", "BAND_LO", "BAND_HI", "DIAG", "stride_ab", "stride_ah"]
 
 
 def _interpreting() -> bool:
@@ -171,7 +171,7 @@ def _kv_head(off_h, H, GROUP):
 # ----------------------------------------------------------------------------------
 # Forward
 # ----------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=_NO_SPEC)
+@unspecialised_jit
 def _attn_fwd_kernel(
     Q,  # *[B, H, Nq, D] queries, any strides
     K,  # *[B, Hkv, Nk, D] keys, any strides
@@ -289,7 +289,7 @@ def _attn_fwd_kernel(
 # ----------------------------------------------------------------------------------
 # Backward
 # ----------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=_NO_SPEC)
+@unspecialised_jit
 def _attn_bwd_preprocess_kernel(
     O,  # *[B, H, Nq, D] forward output, any strides
     DO,  # *[B, H, Nq, D] gradient of o, any strides (may be an expanded view)
@@ -324,7 +324,7 @@ def _attn_bwd_preprocess_kernel(
     tl.store(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, delta, mask=m_valid)
 
 
-@triton.jit(do_not_specialize=_NO_SPEC)
+@unspecialised_jit
 def _attn_bwd_dkdv_kernel(
     Q,  # *[B, H, Nq, D] queries, any strides
     K,  # *[B, Hkv, Nk, D] keys, any strides
@@ -448,7 +448,7 @@ def _attn_bwd_dkdv_kernel(
     tl.store(DV + out_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
-@triton.jit(do_not_specialize=_NO_SPEC)
+@unspecialised_jit
 def _attn_bwd_dq_kernel(
     Q,  # *[B, H, Nq, D] queries, any strides
     K,  # *[B, Hkv, Nk, D] keys, any strides

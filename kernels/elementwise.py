@@ -51,6 +51,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.specialisation import unspecialised_jit
+
 __all__ = ["rope", "swiglu"]
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -88,7 +90,7 @@ def swiglu_block_for(device: torch.device) -> int:
 # --------------------------------------------------------------------------- kernels
 
 
-@triton.jit
+@unspecialised_jit
 def _rope_kernel(
     X,  # *T [B, H, S, D] input (x forward, dy backward), strides (sxb, sxh, sxs, sxd)
     COS,  # *Tc [S, D/2] cos(theta), strides (scs, scp)
@@ -136,7 +138,7 @@ def _sigmoid(g):
     return tl.where(g >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
-@triton.jit
+@unspecialised_jit
 def _swiglu_fwd_kernel(
     GATE,  # *T [M, N] gate, strides (sgm, sgn)
     UP,  # *T [M, N] up, strides (sum_, sun)
@@ -157,7 +159,7 @@ def _swiglu_fwd_kernel(
     tl.store(Y + idx, y.to(Y.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@unspecialised_jit
 def _swiglu_bwd_kernel(
     DY,  # *T [M, N] upstream gradient, strides (sdm, sdn)
     GATE,  # *T [M, N] forward gate, strides (sgm, sgn)

@@ -62,6 +62,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.specialisation import unspecialised_jit
+
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_HEAD_DIM = 128
 _CHUNK_SIZES = (16, 32, 64)
@@ -97,7 +99,7 @@ def _interpreting() -> bool:
 # ----------------------------------------------------------------------------------
 
 
-@triton.jit
+@unspecialised_jit
 def _elu_feature_map_fwd_kernel(
     X,  # input, any strides, viewed as 4-D [S0, S1, S2, S3]
     Y,  # output, contiguous, same logical shape
@@ -122,7 +124,7 @@ def _elu_feature_map_fwd_kernel(
     tl.store(Y + idx, y.to(Y.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@unspecialised_jit
 def _elu_feature_map_bwd_kernel(
     X,  # saved forward input, any strides, 4-D view
     DY,  # upstream gradient, any strides, 4-D view
@@ -230,7 +232,7 @@ elu_feature_map.supports_backward = True
 # ----------------------------------------------------------------------------------
 
 
-@triton.jit
+@unspecialised_jit
 def _la_state_kernel(
     K,  # keys [B, H, N, D], any strides
     V,  # values [B, H, N, Dv], any strides
@@ -271,7 +273,7 @@ def _la_state_kernel(
     tl.store(Z + bh * BLOCK_D + offs_d, z_acc)
 
 
-@triton.jit
+@unspecialised_jit
 def _la_query_kernel(
     Q,  # queries [B, H, N, D], any strides
     S,  # fp32 state [B*H, BLOCK_D, BLOCK_DV] from _la_state_kernel
@@ -311,7 +313,7 @@ def _la_query_kernel(
 # ----------------------------------------------------------------------------------
 
 
-@triton.jit
+@unspecialised_jit
 def _la_causal_chunked_kernel(
     Q,  # queries [B, H, N, D], any strides
     K,  # keys [B, H, N, D], any strides

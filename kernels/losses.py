@@ -51,6 +51,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.specialisation import unspecialised_jit
+
 __all__ = ["cross_entropy"]
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -74,7 +76,7 @@ def block_v_for(v: int, device: torch.device) -> int:
 # --------------------------------------------------------------------------- kernels
 
 
-@triton.jit
+@unspecialised_jit
 def _cross_entropy_fwd_kernel(
     LOGITS,  # *T [M, V] logits, strides (stride_lm, stride_lv)
     TARGET,  # *int64 [M] target class per row, stride stride_t
@@ -121,7 +123,7 @@ def _cross_entropy_fwd_kernel(
     tl.store(LSE + row, lse)
 
 
-@triton.jit
+@unspecialised_jit
 def _cross_entropy_bwd_kernel(
     LOGITS,  # *T [M, V] forward logits, strides (stride_lm, stride_lv)
     TARGET,  # *int64 [M] target class per row, stride stride_t

@@ -73,6 +73,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.specialisation import unspecialised_jit
+
 __all__ = ["layer_norm", "dropout_residual_layer_norm"]
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -114,7 +116,7 @@ def groups_for(m: int, device: torch.device) -> tuple[int, int]:
 # --------------------------------------------------------------------------- kernels
 
 
-@triton.jit
+@unspecialised_jit
 def _layer_norm_fwd_kernel(
     X,  # *T [M, N] input, strides (stride_xm, stride_xn)
     W,  # *T [N] weight, stride stride_w
@@ -173,7 +175,7 @@ def _layer_norm_fwd_kernel(
         tl.store(y_row + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@unspecialised_jit
 def _layer_norm_bwd_dx_kernel(
     DY,  # *T [M, N] upstream gradient, strides (stride_dym, stride_dyn)
     X,  # *T [M, N] forward input, strides (stride_xm, stride_xn)
@@ -235,7 +237,7 @@ def _layer_norm_bwd_dx_kernel(
             tl.store(db_row + cols, db_part + dy, mask=mask)
 
 
-@triton.jit
+@unspecialised_jit
 def _layer_norm_bwd_dwdb_kernel(
     DW_PART,  # *fp32 [G, N] partial sums of dy * x_hat
     DB_PART,  # *fp32 [G, N] partial sums of dy
@@ -270,7 +272,7 @@ def _dropout_add(x, r, keep, scale):
     return tl.where(keep, x * scale, 0.0) + r
 
 
-@triton.jit
+@unspecialised_jit
 def _dropout_residual_layer_norm_kernel(
     X,  # *T [M, N] sublayer output (dropped), strides (stride_xm, stride_xn)
     R,  # *T [M, N] residual, strides (stride_rm, stride_rn)

@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.specialisation import unspecialised_jit
+
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -34,7 +36,7 @@ def _max_block() -> int:
     return 1024 if os.environ.get("TRITON_INTERPRET") == "1" else 8192
 
 
-@triton.jit
+@unspecialised_jit
 def _softmax_fwd_kernel(
     X,  # input, [rows, N] viewed through (stride_xr, stride_xc)
     Y,  # output, [rows, N] contiguous, same dtype as X
@@ -86,7 +88,7 @@ def _softmax_fwd_kernel(
             tl.store(y_row + offs, (tl.exp(z - m) / s).to(Y.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@unspecialised_jit
 def _softmax_bwd_kernel(
     Y,  # forward output, [rows, N] contiguous
     DY,  # upstream gradient, [rows, N] viewed through (stride_dr, stride_dc)
