@@ -366,3 +366,54 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
     n_q, n_k = q.shape[-2], k.shape[-2]
     return {"dq": dq_allowed + partial_sums(dq, n_k), "dk": dk_allowed + partial_sums(dk, n_q, group),
             "dv": dv_allowed + partial_sums(dv, n_q, group)}
+
+
+def attention_dropout(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
+                      keep: np.ndarray, dropout_p: float, causal: bool, scale: float, p: Precision,
+                      window=(-1, -1), alibi_slopes=None, softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Allowed absolute errors of (o, lse) of attention with dropout, given the implementation's
+    keep mask m (``o`` is the fp64 reference with that mask). lse is dropout-free: its
+    allowance is :func:`attention`'s.
+
+    o_i = c sum_j p_ij m_ij v_j with c = 1 / (1 - dropout_p). The computed weights are
+    p_j e^{zeta_j} / Z, Z = sum_j p_j e^{zeta_j} over every visible key (the normaliser is
+    dropout-free), |zeta_j| <= E_j as in :func:`attention` (E_j* = 0 for the top key and its
+    bitwise twins). With sum_j m_j p_j v_j = o / c,
+        o' - o = (c sum_j m_j p_j (e^{zeta_j} - 1) v_j - o sum_j p_j (e^{zeta_j} - 1)) / Z,
+        |o' - o| <= (c sum_j m_j w_j |v_j| + |o| sum_j w_j) / z,   w_j = p_j (e^{E_j} - 1),
+    z <= Z as in attention. No centring of v: the kept weights do not sum to 1, so a common
+    offset of the values does not cancel. Cap: o' = c sum_j m_j p'_j v_j with p' a probability
+    vector, |o' - o| <= c max_visible |v_j| + |o| (twice that, as attention's cap).
+    Roundings: attention's, with the kept sum pv = c sum_j m_j p_j |v_j| for sum_j p_j |v_j|
+    (P rounded before P V and its subnormals, the sums of n terms and the per-block rescaling,
+    the division), and the factor c: rounded to fp32 and multiplied once (u(fp32) each, on |o|,
+    folded into 1 / l by the kernel), or, in a plain implementation forming P m / (1 - p) in
+    the dtype, u(dtype) per weight and u(dtype) for c (on pv): 2 (u(fp32) + u(dtype)) (pv + |o|).
+    """
+    _, lse_allowed = attention(q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap)
+    k, v = repeat_kv(k, q.shape[-3]), repeat_kv(v, q.shape[-3])
+    s, visible = attention_scores(q, k, causal, scale, window, alibi_slopes, softcap)
+    eps = attention_score_error(q, k, s, visible, scale, p, alibi_slopes, softcap)
+    u_p, p_floor = _attention_parts(p)
+    c = 1.0 / (1.0 - dropout_p)
+    kept = np.broadcast_to(np.asarray(keep, dtype=bool), s.shape) & visible
+    with np.errstate(invalid="ignore", over="ignore", under="ignore", divide="ignore"):
+        logp = _log_weights(s, visible)
+        pr = np.where(visible, np.exp(logp), 0.0)
+        n = np.maximum(visible.sum(axis=-1, keepdims=True), 1)
+        jstar = np.argmax(s, axis=-1)[..., None]
+        top = np.arange(s.shape[-1]) == jstar
+        twin = _same_key_as(k, jstar) if alibi_slopes is None else np.zeros(s.shape, dtype=bool)
+        big_e = np.where(visible & ~top & ~twin, eps + np.take_along_axis(eps, jstar, axis=-1), 0.0)
+        w = np.where(visible, np.exp(np.minimum(logp + big_e, 300.0)), 0.0) - pr
+        z = np.maximum(np.maximum(np.take_along_axis(pr, jstar, axis=-1), 1.0 / n),
+                       np.sum(pr * np.exp(-big_e), axis=-1, keepdims=True))
+        av, ao = np.abs(v), np.abs(o)
+        pv = c * ((pr * kept) @ av)
+        score_part = (c * ((w * kept) @ av) + np.sum(w, axis=-1, keepdims=True) * ao) / z
+        sub = np.where(kept & (pr < 4 * float(torch.finfo(p.dtype).tiny)), c, 0.0)
+        rounding = u_p * pv + p_floor * (sub @ av) + (sum_error(n, p.compute) + 2 * np.ceil(n / 16) * p.compute) \
+            * (pv + ao) + p.compute * ao + 2 * (p.compute + unit_roundoff(p.dtype)) * (pv + ao) + DOT_READ_FLOOR
+        cap = 2 * (c * _visible_max(av, s.shape[-2], causal, window) + ao)
+        o_allowed = np.minimum(score_part + SAFETY * rounding, cap) + p.store * ao + attention_floor(p)
+    return np.where(visible.any(axis=-1)[..., None], o_allowed, 0.0), lse_allowed
