@@ -866,7 +866,9 @@ def _keep_mask(q, k, dropout_p: float, seed: int) -> torch.Tensor:
     n_k = k.shape[2]
     keep = torch.empty((B, H, n_q, n_k), dtype=torch.bool, device=q.device)
     seed, drop_p, _, _ = _dropout_args(dropout_p, seed)
-    block = 16 if _interpreting() else 64
+    # 64 x 64 on both backends: the interpreter's cost is per program (a tl.rand is about
+    # 18 ms whatever the tile), and the mask does not depend on the blocks
+    block = 64
     _dropout_keep_kernel[(triton.cdiv(n_q, block), triton.cdiv(n_k, block), B * H)](
         keep.view(torch.uint8), H, n_q, n_k, seed, drop_p, BLOCK_M=block, BLOCK_N=block,
     )

@@ -12,8 +12,8 @@ import math
 # Per example, the probability that a statistical check of a keep mask fails a correct
 # kernel. 1e-8 keeps the union bound over a run below 1e-4 in every profile: the nightly
 # profile runs up to 1000 examples x 3 dtypes of each check; norms' keep_fraction_binomial
-# (1e-8) and seed_reproducible (3 COINCIDENCE) and attention's dropout checks (1.2e-8 in
-# all, properties/attention_dropout.py) add up to 2.5e-8 per example, 7.5e-5 a nightly run
+# (1e-8) and seed_reproducible (3 COINCIDENCE) and attention's dropout checks (1.1e-8 in
+# all, properties/attention_dropout.py) add up to 2.4e-8 per example, 7.2e-5 a nightly run
 # (1e-6, the old rate, gave 3e-3 for norms alone). A smaller rate widens the Chernoff test
 # only logarithmically: n KL > log(2 / 1e-8) = 19.1 instead of 14.5.
 FALSE_ALARM = 1e-8

@@ -271,7 +271,8 @@ def test_gradient_of_expanded_grad_output():
 # --------------------------------------------------------------------------------------
 # Mutants: each builds and differs from the kernel on an input that triggers it
 # --------------------------------------------------------------------------------------
-# name -> (B, H, N_q, N_k, D, causal, layout, sm_scale[, Hkv[, window[, "alibi" or a softcap]]])
+# name -> (B, H, N_q, N_k, D, causal, layout, sm_scale[, Hkv[, window[, "alibi", a softcap, or
+# dropout keywords]]])
 TRIGGERS = {
     "padded_keys_scored_zero": (1, 1, 5, 10, 16, False, "contiguous", None),
     "accumulator_not_rescaled": (1, 2, 8, 150, 16, False, "contiguous", None),  # > 1 block on GPU too
@@ -291,6 +292,15 @@ TRIGGERS = {
     "alibi_distance_top_left": (1, 2, 5, 12, 16, True, "contiguous", None, 2, (-1, -1), "alibi"),
     "softcap_before_scale": (1, 1, 8, 8, 16, False, "contiguous", None, 1, (-1, -1), 2.0),
     "scale_dropped_with_modifiers": (1, 1, 8, 8, 16, False, "contiguous", None, 1, (-1, -1), 30.0),
+    "dropout_not_rescaled": (1, 2, 8, 20, 16, False, "contiguous", None, 2, (-1, -1), {"dropout_p": 0.5, "seed": 3}),
+    "lse_after_dropout": (1, 2, 8, 20, 16, True, "contiguous", None, 2, (-1, -1), {"dropout_p": 0.5, "seed": 3}),
+    "heads_share_dropout_mask": (1, 2, 8, 20, 16, False, "contiguous", None, 2, (-1, -1), {"dropout_p": 0.5, "seed": 3}),
+    "keep_probability_inverted": (1, 1, 8, 20, 16, False, "contiguous", None, 1, (-1, -1),
+                                  {"dropout_p": 0.25, "seed": 3}),
+    "dropout_path_at_p_zero": (1, 2, 8, 20, 16, False, "contiguous", None, 2, (-1, -1), {"dropout_p": 0.0, "seed": 3}),
+    "seed_truncated_to_32_bits": (1, 1, 8, 20, 16, False, "contiguous", None, 1, (-1, -1),
+                                  {"dropout_p": 0.5, "seed": 2**40 + 3}),
+    "backward_mask_shifted": (1, 2, 8, 20, 16, True, "contiguous", None, 1, (-1, -1), {"dropout_p": 0.5, "seed": 3}),
 }
 
 
@@ -315,6 +325,8 @@ def test_mutant_differs_on_trigger(name):
     extra = {}
     if modifier == "alibi":
         extra["alibi_slopes"] = torch.tensor([0.5, 0.125] * H, device=DEVICE)[:H]
+    elif isinstance(modifier, dict):
+        extra.update(modifier)
     elif modifier is not None:
         extra["softcap"] = modifier
         q = q * 3  # scores reach the cap's curved part
@@ -322,7 +334,7 @@ def test_mutant_differs_on_trigger(name):
     good = _run_with_grads(attention, q, k, v, causal, sm_scale, do, window, **extra)
     bad = _run_with_grads(getattr(mutants, name), q, k, v, causal, sm_scale, do, window, **extra)
     labels = ("o", "lse", "dq", "dk", "dv")
-    forward_only = name in ("dk_missing_scale", "dkdv_causal_mask_missing")
+    forward_only = name in ("dk_missing_scale", "dkdv_causal_mask_missing", "backward_mask_shifted")
     differs = [lab for lab, a, b in zip(labels, good, bad) if not torch.equal(a, b)]
     assert differs, f"mutant {name} matches the kernel on its trigger input"
     if forward_only:  # backward-only bugs leave the forward bitwise intact
