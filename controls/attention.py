@@ -4,13 +4,15 @@ Both return ``(o, lse)`` per the contract, differentiable in q, k, v through o.
 
 Dropout: ``naive_torch`` takes ``dropout_p``, ``seed`` and ``return_keep`` and draws its
 mask from torch's own generator seeded by ``seed`` (another stream than the Triton kernel's
-Philox counter: the contract fixes the mask's law, not its bits). ``sdpa`` does not take
+Philox counter: the contract fixes the mask's law, not its bits; on CPU the seed is hashed to
+the 32 bits torch's generator keeps, see ``_fold_seed``). ``sdpa`` does not take
 them: ``F.scaled_dot_product_attention`` draws its dropout mask from the global generator and
 cannot return it, so nothing could check its o; its signature stops at ``softcap`` and the
 dropout checks report it as not applicable (properties/attention_dropout.py).
 """
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -142,9 +144,19 @@ def sdpa(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=Non
     return o, lse
 
 
+def _fold_seed(seed: int) -> int:
+    """A 64-bit seed hashed to 32 bits (blake2b): torch's CPU generator keeps only a seed's low
+    32 bits (its mt19937 takes a 32-bit seed: pytorch#87509), so seeds 8656 and 8656 + 2**40 drew
+    the same mask there (dropout_seed_reproducible failed this control); a hash keeps every bit
+    of the seed in play."""
+    return int.from_bytes(hashlib.blake2b(int(seed).to_bytes(8, "little"), digest_size=4).digest(), "little")
+
+
 def _dropout_keep(shape, dropout_p: float, seed: int, device) -> torch.Tensor:
-    """keep [B, H, Nq, Nk]: uniform draws of a torch generator seeded by ``seed``, >= dropout_p."""
-    gen = torch.Generator(device=device).manual_seed(seed)
+    """keep [B, H, Nq, Nk]: uniform draws of a torch generator seeded by ``seed`` (folded to 32
+    bits on CPU, whole on CUDA, whose Philox generator takes 64), >= dropout_p."""
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed if device.type == "cuda" else _fold_seed(seed))
     return torch.rand(shape, generator=gen, device=device) >= dropout_p
 
 

@@ -334,15 +334,17 @@ keep_probability_inverted = mutant(
     kills=("dropout_keep_iid",),
 )
 
-# dropout_p = 0 enters the dropout path: no element is dropped (uniform >= 0), but o is formed
-# as acc * (1 / l) instead of acc / l, a rounding apart from the call without dropout.
+# The dropout path is chosen by the seed's presence, not by dropout_p (an API where passing a
+# seed or a generator turns dropout on): dropout_p = 0 with a seed draws a mask that keeps
+# everything (uniform >= 0) and forms o as acc * (1 / l), a rounding apart from acc / l.
 dropout_path_at_p_zero = mutant(
     "attention", _kernel,
-    [("has_dropout = dropout_p > 0", "has_dropout = dropout_p >= 0")],
+    [("has_dropout = dropout_p > 0", "has_dropout = dropout_p > 0 or seed != 0")],
     name="dropout_path_at_p_zero",
-    bug="dropout_p = 0 still runs the dropout path (mask drawn, 1 / (1 - p) = 1 folded into 1 / l): "
-        "an evaluation-mode call is not bitwise the plain call. Triggers on dropout_p = 0 with a "
-        "seed passed, in the elements where acc * (1 / l) and acc / l round apart.",
+    bug="dropout_p = 0 with a nonzero seed runs the dropout path (mask drawn, 1 / (1 - p) = 1 folded "
+        "into 1 / l): an evaluation-mode call that passes its seed is not bitwise the plain call. "
+        "Triggers on dropout_p = 0 with seed != 0, in the elements where acc * (1 / l) and acc / l "
+        "round apart.",
     kills=("dropout_zero_is_plain",),
 )
 
