@@ -71,9 +71,10 @@ ALARM_INDEPENDENT = FALSE_ALARM / 2  # per example, dropout_keep_iid's agreement
 # about 18 ms there whatever its tile, as much as the rest of an attention tile (about 28 ms
 # a key block with it, 20 ms more a program), and the keep kernel about 25 ms per (batch,
 # head). Checks whose subject is the o or the gradient of a multi-block call draw up to 32
-# keys and queries (two 16-blocks each way) and 4 tiles (B H cdiv(Nq, 16) cdiv(Nk, 16)) a
-# call; the checks of the mask alone, which call the kernel up to three times, one block
-# each way and 2 to 4 (batch, head) slices (the mask's counter does not depend on blocks).
+# keys and queries (two 16-blocks each way) and 2 to 4 tiles (B H cdiv(Nq, 16) cdiv(Nk, 16))
+# a call; the checks of the mask alone one block each way, dropout_keep_iid on two heads,
+# dropout_seed_reproducible (three calls) on one (batch, head) slice. Measured on the 2-core
+# CPU: the 15 tests in 65 s (-n 2), the 7 dropout mutants' hunts and naive_torch in 27 s.
 SMALL_N = 32
 SMALL_D = 32
 SMALL_TILES = 4
@@ -297,7 +298,7 @@ def dropout_gradient_uses_keep(case: Case, impl: Implementation) -> None:
 CHECKS = (
     Check("dropout_zero_is_plain", dropout_zero_is_plain, cases=_cases(dropouts=(0.0,), tiles=2),
           requires=_takes("seed")),
-    Check("dropout_seed_reproducible", dropout_seed_reproducible, cases=_cases(small_n=16, tiles=2),
+    Check("dropout_seed_reproducible", dropout_seed_reproducible, cases=_cases(small_n=16, tiles=1),
           requires=_takes("return_keep"),
           false_alarm=COINCIDENCE),
     Check("dropout_keep_iid", dropout_keep_iid, cases=_cases(min_h=2, min_n=2, small_n=16, tiles=2),
