@@ -100,8 +100,10 @@ Dot products (all accumulate in fp32):
 Block sizes: BLOCK_M = BLOCK_N = 16 under the interpreter (TRITON_INTERPRET=1, so
 fuzzed cases stay fast and a multi-block case needs only N > 16); on the GPU 64 x 64
 for the forward (64 x 32 for fp32/bf16 with D = 128) and 32 x 32 (D <= 64) / 32 x 16
-for the backward. Sequence lengths and strides are not specialised on, so fuzzing
-many shapes compiles only one variant per (dtype class, BLOCK_D, banded, softcap, ALiBi).
+for the backward; the keep kernel behind return_keep 64 x 64 on both (the interpreter's
+cost is per program, and the mask does not depend on blocks). Sequence lengths, strides and
+the seed are not specialised on, so fuzzing many shapes compiles only one variant per
+(dtype class, BLOCK_D, banded, softcap, ALiBi, dropout).
 """
 from __future__ import annotations
 
