@@ -237,9 +237,9 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
         h_kv = h if gqa is False else draw(limits.pick("Hkv", [n for n in range(h, 0, -1) if h % n == 0
                                                                and n in limits.sizes.get("Hkv", (n,))]))
     sm_scale = draw(limits.choice("sm_scale", SM_SCALES if sm_scales is None else sm_scales))
-    dropout_p, seed = 0.0, 0
+    # the checks without dropout need dropout_p = 0: a kernel declaring other values only is outside them
+    dropout_p, seed = draw(limits.choice("dropout_p", (0.0,) if dropouts is None else dropouts)), 0
     if dropouts is not None:
-        dropout_p = draw(limits.choice("dropout_p", dropouts))
         seed = draw(st.one_of(st.integers(0, 2**16), st.integers(0, 2**63 - 1)))
     scale = _resolved_scale(sm_scale, d)
     cap = qk_cap(dtype, d, scale)
