@@ -1,9 +1,18 @@
 """Plain PyTorch attention in the input dtype, as a user would write it (the suite must pass them).
 
 Both return ``(o, lse)`` per the contract, differentiable in q, k, v through o.
+
+Dropout: ``naive_torch`` takes ``dropout_p``, ``seed`` and ``return_keep`` and draws its
+mask from torch's own generator seeded by ``seed`` (another stream than the Triton kernel's
+Philox counter: the contract fixes the mask's law, not its bits; on CPU the seed is hashed to
+the 32 bits torch's generator keeps, see ``_fold_seed``). ``sdpa`` does not take
+them: ``F.scaled_dot_product_attention`` draws its dropout mask from the global generator and
+cannot return it, so nothing could check its o; its signature stops at ``softcap`` and the
+dropout checks report it as not applicable (properties/attention_dropout.py).
 """
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -153,10 +162,29 @@ def _sdpa_call(q, k, v, causal, scale, window, alibi_slopes, keep, gqa):
     return o
 
 
-def naive_torch(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
+def _fold_seed(seed: int) -> int:
+    """A 64-bit seed hashed to 32 bits (blake2b): torch's CPU generator keeps only a seed's low
+    32 bits (its mt19937 takes a 32-bit seed: pytorch#87509), so seeds 8656 and 8656 + 2**40 drew
+    the same mask there (dropout_seed_reproducible failed this control); a hash keeps every bit
+    of the seed in play."""
+    return int.from_bytes(hashlib.blake2b(int(seed).to_bytes(8, "little"), digest_size=4).digest(), "little")
+
+
+def _dropout_keep(shape, dropout_p: float, seed: int, device) -> torch.Tensor:
+    """keep [B, H, Nq, Nk]: uniform draws of a torch generator seeded by ``seed`` (folded to 32
+    bits on CPU, whole on CUDA, whose Philox generator takes 64), >= dropout_p."""
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed if device.type == "cuda" else _fold_seed(seed))
+    return torch.rand(shape, generator=gen, device=device) >= dropout_p
+
+
+def naive_torch(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0,
+                dropout_p=0.0, seed=0, return_keep=False):
     """Matmul, softcap, ALiBi bias, mask, softmax, matmul, all in the input dtype (k, v
     repeated per group of query heads); ``lse`` from fp32 scores. A row that sees no key
-    gets o = 0."""
+    gets o = 0. Dropout (``dropout_p > 0``): P * keep / (1 - dropout_p) in the dtype before
+    the product with V, keep from :func:`_dropout_keep`; ``return_keep`` returns it too
+    (all True at dropout_p = 0)."""
     scale = _scale(sm_scale, q.shape[-1])
     keep = _visible(q.shape[-2], k.shape[-2], causal, window, q.device)
     s = _masked_scores(q, k, keep, scale, q.dtype, softcap, alibi_slopes)
@@ -165,10 +193,13 @@ def naive_torch(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slo
     else:
         empty = ~keep.any(dim=-1, keepdim=True)
         p = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    drop = _dropout_keep(s.shape, dropout_p, seed, q.device) if dropout_p > 0 or return_keep else None
+    if dropout_p > 0:
+        p = p.masked_fill(~drop, 0.0) / (1.0 - dropout_p)
     o = p @ _grouped(v, q.shape[1])
     lse = torch.logsumexp(_masked_scores(q, k, keep, scale, torch.float32, softcap, alibi_slopes)
                           if q.dtype != torch.float32 else s, dim=-1)
-    return o, lse
+    return (o, lse, drop) if return_keep else (o, lse)
 
 
 # Plain PyTorch: the Triton interpreter's limits (bf16 tl.dot) do not apply.

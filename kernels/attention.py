@@ -3,7 +3,7 @@
 Contract (docs/contract.md)::
 
     attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None,
-              softcap=0.0) -> (o, lse)
+              softcap=0.0, dropout_p=0.0, seed=0, return_keep=False) -> (o, lse) or (o, lse, keep)
 
     q [B, H, Nq, D], k and v [B, Hkv, Nk, D], H % Hkv == 0 (v has the same D as q)
     query head h reads KV head h // (H / Hkv)          (GQA; MQA is Hkv = 1)
@@ -16,6 +16,41 @@ Contract (docs/contract.md)::
     lse[i]  = log(sum_j exp(s[i, j]))                  float32, natural log, [B, H, Nq]
     o[i]    = sum_j exp(s[i, j] - lse[i]) v_j          input dtype, [B, H, Nq, D]
     a row with no key in its band: o = 0, lse = -inf, zero gradients
+    dropout_p > 0: o[i] = sum_j exp(s[i, j] - lse[i]) keep[i, j] / (1 - dropout_p) v_j,
+              lse unchanged (dropout-free); return_keep=True also returns keep [B, H, Nq, Nk] bool
+
+Dropout (``dropout_p`` in [0, 1), ``seed`` an int in [0, 2**63)). The softmax weights P are
+dropped after the softmax, the kept ones scaled by 1 / (1 - dropout_p); lse and the
+normaliser l stay dropout-free (l sums every weight, kept or not). The keep mask is drawn
+by Triton's counter-based Philox 4x32-10, ``tl.rand(seed, counter) >= dropout_p`` (fp32
+uniform in [0, 1); ``>=`` keeps everything at p = 0), with the counter
+
+    counter[b, h, i, j] = ((b * H + h) * Nq + i) * Nk + j      (int64)
+
+the flat index of (b, h, i, j) in a contiguous [B, H, Nq, Nk] mask. tl.rand splits an int64
+counter into Philox's first two 32-bit counter words (low, high) and the seed into its two
+key words, so the mask is a function of (seed, b, h, i, j) and the shape alone: not of the
+block sizes, the strides, the launch grid or the backend (the interpreter's NumPy Philox
+and the GPU's give the same bits; tests/test_attention_kernel.py recomputes the mask from
+this formula in NumPy). The counter is formed in int64 because B * H * Nq * Nk passes
+2**31 at realistic sizes (32 heads of 8192 x 8192 is 2**31 already); counters are distinct
+for B * H * Nq * Nk < 2**64. Every program recomputes its tile's mask from the counter
+(forward, both backward kernels, and the keep kernel behind return_keep all call one
+helper, ``_dropout_keep``), so no mask is stored between forward and backward. The
+returned keep holds the raw draw at every (i, j), pairs outside the band included (there
+P = 0, so their entries do not matter to o). At dropout_p = 0 no mask is drawn: the call
+is the plain kernel, bit for bit.
+
+In the forward, the tile's P is masked before the P V product and the accumulator is
+divided by l and multiplied by 1 / (1 - p) once at the end: o = acc * (scale_drop / l),
+scale_drop = 1 / (1 - p) rounded once from fp64 to fp32. The backward, with M the mask
+and c = 1 / (1 - p), o_i = sum_j P_ij c M_ij v_j:
+    dV     = (P * M)^T dO * c
+    dP'_ij = d loss / d P_ij = c M_ij dO_i . v_j          (dO V^T masked and scaled)
+    dS_ij  = P_ij (dP'_ij - sum_k P_ik dP'_ik) = P_ij (dP'_ij - delta_i),
+    delta_i = sum_k P_ik c M_ik dO_i . v_k = dO_i . o_i     (the same rowsum(dO * O) as
+                                                             without dropout, O the dropped output)
+and dq, dk from dS as before.
 
 Forward (FlashAttention-2 style): one program per (query block, batch*head). It walks
 the key blocks once, keeping per query row a running max ``m`` and a running sum
@@ -47,7 +82,9 @@ Accepted inputs:
 - ``window``: a pair of ints, each >= 0 or -1; ``softcap``: finite, >= 0 (0 = off);
   ``alibi_slopes``: None or a finite float32 tensor [H] or [B, H] on q's device;
 - ``sm_scale``: None or a finite real number > 0 (a softmax temperature; 0, negative,
-  NaN or inf raise ValueError, a non-number TypeError).
+  NaN or inf raise ValueError, a non-number TypeError);
+- ``dropout_p``: a real number in [0, 1) (TypeError for a non-number or a bool,
+  ValueError otherwise); ``seed``: an int in [0, 2**63); ``return_keep``: a bool.
 
 Dot products (all accumulate in fp32):
 - float32: ``tl.dot(..., input_precision="ieee")`` (full fp32 on GPU and interpreter);
@@ -63,12 +100,15 @@ Dot products (all accumulate in fp32):
 Block sizes: BLOCK_M = BLOCK_N = 16 under the interpreter (TRITON_INTERPRET=1, so
 fuzzed cases stay fast and a multi-block case needs only N > 16); on the GPU 64 x 64
 for the forward (64 x 32 for fp32/bf16 with D = 128) and 32 x 32 (D <= 64) / 32 x 16
-for the backward. No runtime argument is specialised on (sizes, strides, pointer
-alignment: kernels/specialisation.py), so fuzzing many shapes and layouts compiles one
-variant per (dtype class, BLOCK_D, banded, softcap, ALiBi).
+for the backward; the keep kernel behind return_keep 64 x 64 on both (the interpreter's
+cost is per program, and the mask does not depend on blocks). No runtime argument is
+specialised on (sizes, strides, the seed, pointer alignment: kernels/specialisation.py),
+so fuzzing many shapes and layouts compiles one variant per (dtype class, BLOCK_D,
+banded, softcap, ALiBi, dropout).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -162,6 +202,15 @@ def _scores(qk, offs_m, offs_n, sm_scale, qk_scale, softcap, slope, DIAG,
 
 
 @triton.jit
+def _dropout_keep(seed, off_b, off_h, H, offs_m, offs_n, N_Q, N_K, drop_p):
+    """[BLOCK_M, BLOCK_N] keep mask of query rows offs_m and keys offs_n of head (off_b, off_h):
+    Philox uniform(seed, ((b H + h) Nq + i) Nk + j) >= p, the counter in int64 (module docstring).
+    Padded rows and keys get some other element's draw; their P is 0."""
+    counter = ((off_b.to(tl.int64) * H + off_h) * N_Q + offs_m[:, None]) * N_K + offs_n[None, :]
+    return tl.rand(seed, counter) >= drop_p
+
+
+@triton.jit
 def _kv_head(off_h, H, GROUP):
     """The KV head a query head reads (GQA): query heads h of one group of GROUP = H / Hkv
     consecutive heads share KV head h // GROUP."""
@@ -195,9 +244,13 @@ def _attn_fwd_kernel(
     sm_scale,  # natural-units scale (the softcap and ALiBi path)
     softcap,  # > 0 with HAS_SOFTCAP
     DIAG,  # Nk - Nq, the ALiBi distance's origin
+    seed,  # Philox seed of the dropout mask; unused without HAS_DROPOUT
+    drop_p,  # dropout probability, 0 < p < 1 with HAS_DROPOUT
+    drop_scale,  # 1 / (1 - drop_p), rounded once to fp32
     IS_BANDED: tl.constexpr,  # causal or a window: the band mask and loop bounds apply
     HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
     FP16_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -269,7 +322,9 @@ def _attn_fwd_kernel(
         m_off = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_off)
         p = tl.exp2(s - m_off[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        l_i = l_i * alpha + tl.sum(p, axis=1)  # the normaliser sums every weight: lse is dropout-free
+        if HAS_DROPOUT:
+            p = tl.where(_dropout_keep(seed, off_b, off_h, H, offs_m, offs_kn, N_Q, N_K, drop_p), p, 0.0)
         acc = acc * alpha[:, None] + _mma(p, v, FP16_DOT, DOT_PRECISION)
         m_i = m_new
 
@@ -278,7 +333,10 @@ def _attn_fwd_kernel(
     # returns o = 0 and lse = log(0) = -inf, the identity of the LSE merge, not 0/0.
     empty = l_i == 0.0
     l_i = tl.where(empty, 1.0, l_i)
-    o = acc / l_i[:, None]
+    if HAS_DROPOUT:
+        o = acc * (drop_scale / l_i)[:, None]  # kept weights scaled by 1 / (1 - p), folded into 1 / l
+    else:
+        o = acc / l_i[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_i)) * _LN2)  # natural log
     o_ptrs = O + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh \
         + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
@@ -352,9 +410,13 @@ def _attn_bwd_dkdv_kernel(
     stride_ab, stride_ah,
     softcap,  # > 0 with HAS_SOFTCAP
     DIAG,  # Nk - Nq, the ALiBi distance's origin
+    seed,  # Philox seed of the dropout mask; unused without HAS_DROPOUT
+    drop_p,  # dropout probability, 0 < p < 1 with HAS_DROPOUT
+    drop_scale,  # 1 / (1 - drop_p), rounded once to fp32
     IS_BANDED: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
     FP16_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -434,14 +496,23 @@ def _attn_bwd_dkdv_kernel(
             # past |s| ~ 1e9) from recomputing P as exp2(+big) = inf and the gradients as NaN
             p = tl.where(keep, tl.exp2(tl.minimum(st - lse2[:, None], 0.0)), 0.0)  # [BLOCK_M, BLOCK_N]
 
-            dv += _mma(tl.trans(p), do, FP16_DOT, DOT_PRECISION)
             dp = _mma(do, tl.trans(v), FP16_DOT, DOT_PRECISION)
+            if HAS_DROPOUT:
+                # the forward's mask, recomputed from the seed: dV = (P * M)^T dO c (c at the
+                # end), dP' = c M dO V^T; delta = rowsum(dO * O) already holds the dropped O
+                kept = _dropout_keep(seed, off_b, off_h, H, offs_m, offs_n, N_Q, N_K, drop_p)
+                dv += _mma(tl.trans(tl.where(kept, p, 0.0)), do, FP16_DOT, DOT_PRECISION)
+                dp = tl.where(kept, dp * drop_scale, 0.0)
+            else:
+                dv += _mma(tl.trans(p), do, FP16_DOT, DOT_PRECISION)
             ds = p * (dp - delta[:, None])
             if HAS_SOFTCAP:
                 ds = ds * (1.0 - tt * tt)  # d softcap tanh(s / softcap) / d s
             dk += _mma(tl.trans(ds), q, FP16_DOT, DOT_PRECISION)
 
     dk = dk * sm_scale  # d s / d k = sm_scale * q
+    if HAS_DROPOUT:
+        dv = dv * drop_scale  # the kept weights' 1 / (1 - p)
     out_off = off_b.to(tl.int64) * stride_dkb + off_kvh.to(tl.int64) * stride_dkh \
         + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
     tl.store(DK + out_off, dk.to(DK.dtype.element_ty), mask=kv_mask)
@@ -475,9 +546,13 @@ def _attn_bwd_dq_kernel(
     stride_ab, stride_ah,
     softcap,  # > 0 with HAS_SOFTCAP
     DIAG,  # Nk - Nq, the ALiBi distance's origin
+    seed,  # Philox seed of the dropout mask; unused without HAS_DROPOUT
+    drop_p,  # dropout probability, 0 < p < 1 with HAS_DROPOUT
+    drop_scale,  # 1 / (1 - drop_p), rounded once to fp32
     IS_BANDED: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr,
     FP16_DOT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -548,6 +623,9 @@ def _attn_bwd_dq_kernel(
         p = tl.where(keep_q, tl.exp2(tl.minimum(sq - lse2[:, None], 0.0)), 0.0)
 
         dp = _mma(do, tl.trans(v), FP16_DOT, DOT_PRECISION)
+        if HAS_DROPOUT:  # dP' = c M dO V^T, the forward's mask from the seed
+            kept_q = _dropout_keep(seed, off_b, off_h, H, offs_m, offs_n, N_Q, N_K, drop_p)
+            dp = tl.where(kept_q, dp * drop_scale, 0.0)
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:
             ds = ds * (1.0 - tq * tq)  # d softcap tanh(s / softcap) / d s
@@ -559,6 +637,30 @@ def _attn_bwd_dq_kernel(
         + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
         dq.to(DQ.dtype.element_ty), mask=qm_mask,
     )
+
+
+@unspecialised_jit
+def _dropout_keep_kernel(
+    KEEP,  # *[B, H, Nq, Nk] uint8 view of the bool keep mask, contiguous
+    H,
+    N_Q,
+    N_K,
+    seed,
+    drop_p,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """return_keep: the mask the forward and backward draw (``_dropout_keep``), at every (i, j)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    off_b = pid_bh // H
+    off_h = pid_bh % H
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    keep = _dropout_keep(seed, off_b, off_h, H, offs_m, offs_n, N_Q, N_K, drop_p)
+    ptrs = KEEP + (pid_bh.to(tl.int64) * N_Q + offs_m[:, None]) * N_K + offs_n[None, :]
+    tl.store(ptrs, keep.to(tl.int8), mask=(offs_m[:, None] < N_Q) & (offs_n[None, :] < N_K))
 
 
 # ----------------------------------------------------------------------------------
@@ -690,6 +792,21 @@ def _check_window(window) -> tuple[int, int]:
     return int(window[0]), int(window[1])
 
 
+def _check_dropout(dropout_p, seed, return_keep) -> tuple[float, int]:
+    """``dropout_p`` a real number in [0, 1), ``seed`` an int in [0, 2**63), ``return_keep`` a bool."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"attention: dropout_p must be a real number in [0, 1), got {dropout_p!r}")
+    if not 0.0 <= float(dropout_p) < 1.0:  # NaN fails both comparisons
+        raise ValueError(f"attention: dropout_p must satisfy 0 <= dropout_p < 1, got {dropout_p!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"attention: seed must be an int, got {seed!r}")
+    if not 0 <= int(seed) < 2**63:
+        raise ValueError(f"attention: seed must satisfy 0 <= seed < 2**63, got {seed!r}")
+    if not isinstance(return_keep, bool):
+        raise TypeError(f"attention: return_keep must be a bool, got {return_keep!r}")
+    return float(dropout_p), int(seed)
+
+
 def _check_alibi(slopes, q) -> None:
     """ALiBi slopes: None, or a float32 tensor [H] or [B, H] on q's device, finite."""
     if slopes is None:
@@ -736,13 +853,39 @@ def _band(n_q: int, n_k: int, causal: bool, window: tuple[int, int]) -> tuple[bo
     return banded, band_lo, band_hi
 
 
-def _forward(q, k, v, causal: bool, sm_scale: float, window: tuple[int, int], alibi_slopes, softcap: float):
+def _dropout_args(dropout_p: float, seed: int) -> tuple[int, float, float, bool]:
+    """(seed, drop_p, drop_scale, HAS_DROPOUT) for the kernels. At dropout_p = 0 no mask is
+    drawn: the kernels run their plain path (o = acc / l), bit for bit the call without dropout."""
+    has_dropout = dropout_p > 0
+    if not has_dropout:
+        return 0, 0.0, 1.0, False
+    return seed, float(dropout_p), 1.0 / (1.0 - float(dropout_p)), True
+
+
+def _keep_mask(q, k, dropout_p: float, seed: int) -> torch.Tensor:
+    """The keep mask [B, H, Nq, Nk] (bool) of a call: every entry True at dropout_p = 0."""
+    B, H, n_q, _ = q.shape
+    n_k = k.shape[2]
+    keep = torch.empty((B, H, n_q, n_k), dtype=torch.bool, device=q.device)
+    seed, drop_p, _, _ = _dropout_args(dropout_p, seed)
+    # 64 x 64 on both backends: the interpreter's cost is per program (a tl.rand is about
+    # 18 ms whatever the tile), and the mask does not depend on the blocks
+    block = 64
+    _dropout_keep_kernel[(triton.cdiv(n_q, block), triton.cdiv(n_k, block), B * H)](
+        keep.view(torch.uint8), H, n_q, n_k, seed, drop_p, BLOCK_M=block, BLOCK_N=block,
+    )
+    return keep
+
+
+def _forward(q, k, v, causal: bool, sm_scale: float, window: tuple[int, int], alibi_slopes, softcap: float,
+             dropout_p: float = 0.0, seed: int = 0):
     B, H, n_q, D = q.shape
     n_k = k.shape[2]
     block_d = _block_d(D)
     block_m, block_n, num_warps = _fwd_config(q.dtype, block_d)
     fp16_dot, precision = _dot_mode(q.dtype)
     banded, band_lo, band_hi = _band(n_q, n_k, causal, window)
+    drop = _dropout_args(dropout_p, seed)
     o = torch.empty((B, H, n_q, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(n_q, block_m), B * H)
@@ -750,8 +893,8 @@ def _forward(q, k, v, causal: bool, sm_scale: float, window: tuple[int, int], al
         q, k, v, o, lse,
         *_qkv_strides(q), *_qkv_strides(k), *_qkv_strides(v), *o.stride(),
         H, H // k.shape[1], n_q, n_k, D, sm_scale * LOG2E, band_lo, band_hi,
-        *_alibi_args(alibi_slopes, lse), sm_scale, softcap or 1.0, n_k - n_q,
-        IS_BANDED=banded, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+        *_alibi_args(alibi_slopes, lse), sm_scale, softcap or 1.0, n_k - n_q, *drop[:3],
+        IS_BANDED=banded, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_DROPOUT=drop[3],
         FP16_DOT=fp16_dot, DOT_PRECISION=precision,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=num_warps,
@@ -760,13 +903,14 @@ def _forward(q, k, v, causal: bool, sm_scale: float, window: tuple[int, int], al
 
 
 def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, window: tuple[int, int], alibi_slopes,
-              softcap: float):
+              softcap: float, dropout_p: float = 0.0, seed: int = 0):
     B, H, n_q, D = q.shape
     h_kv, n_k = k.shape[1], k.shape[2]
     block_d = _block_d(D)
     block_m, block_n, num_warps = _bwd_config(q.dtype, block_d)
     fp16_dot, precision = _dot_mode(q.dtype)
     banded, band_lo, band_hi = _band(n_q, n_k, causal, window)
+    drop = _dropout_args(dropout_p, seed)
 
     delta = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
     pre_m = 16 if _interpreting() else 64
@@ -783,8 +927,8 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, window: tuple[
         q, k, v, do, lse, delta, dk, dv,
         *strides, *dk.stride(),
         H, H // h_kv, n_q, n_k, D, sm_scale, sm_scale * LOG2E, band_lo, band_hi,
-        *_alibi_args(alibi_slopes, lse), softcap or 1.0, n_k - n_q,
-        IS_BANDED=banded, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+        *_alibi_args(alibi_slopes, lse), softcap or 1.0, n_k - n_q, *drop[:3],
+        IS_BANDED=banded, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_DROPOUT=drop[3],
         FP16_DOT=fp16_dot, DOT_PRECISION=precision,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=num_warps,
@@ -793,8 +937,8 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, window: tuple[
         q, k, v, do, lse, delta, dq,
         *strides, *dq.stride(),
         H, H // h_kv, n_q, n_k, D, sm_scale, sm_scale * LOG2E, band_lo, band_hi,
-        *_alibi_args(alibi_slopes, lse), softcap or 1.0, n_k - n_q,
-        IS_BANDED=banded, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+        *_alibi_args(alibi_slopes, lse), softcap or 1.0, n_k - n_q, *drop[:3],
+        IS_BANDED=banded, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, HAS_DROPOUT=drop[3],
         FP16_DOT=fp16_dot, DOT_PRECISION=precision,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=num_warps,
@@ -804,13 +948,14 @@ def _backward(q, k, v, o, lse, do, causal: bool, sm_scale: float, window: tuple[
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale, window, alibi_slopes, softcap):
-        o, lse = _forward(q, k, v, causal, sm_scale, window, alibi_slopes, softcap)
+    def forward(ctx, q, k, v, causal, sm_scale, window, alibi_slopes, softcap, dropout_p, seed):
+        o, lse = _forward(q, k, v, causal, sm_scale, window, alibi_slopes, softcap, dropout_p, seed)
         ctx.save_for_backward(q, k, v, o, lse, alibi_slopes)
         ctx.causal = causal
         ctx.sm_scale = sm_scale
         ctx.window = window
         ctx.softcap = softcap
+        ctx.dropout = (dropout_p, seed)  # the backward redraws the mask from the seed
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -820,20 +965,24 @@ class _FlashAttention(torch.autograd.Function):
         if do.dtype != q.dtype:
             do = do.to(q.dtype)
         dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale, ctx.window, alibi_slopes,
-                               ctx.softcap)
-        return dq, dk, dv, None, None, None, None, None
+                               ctx.softcap, *ctx.dropout)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
-    """Flash attention ``(o, lse)``; see the module docstring for the math and limits.
+def attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0,
+              dropout_p=0.0, seed=0, return_keep=False):
+    """Flash attention ``(o, lse)``, or ``(o, lse, keep)`` with ``return_keep=True``; see the
+    module docstring for the math, the dropout mask's counter and the limits.
 
     The ALiBi slopes are not differentiated (no gradient is returned for them)."""
     scale, window = _check_inputs(q, k, v, causal, sm_scale, window, alibi_slopes, softcap)
-    args = (q, k, v, bool(causal), scale, window, alibi_slopes, float(softcap))
-    if q.device.type == "cuda":
-        with torch.cuda.device(q.device):
-            return _FlashAttention.apply(*args)
-    return _FlashAttention.apply(*args)
+    dropout_p, seed = _check_dropout(dropout_p, seed, return_keep)
+    args = (q, k, v, bool(causal), scale, window, alibi_slopes, float(softcap), dropout_p, seed)
+    with torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext():
+        o, lse = _FlashAttention.apply(*args)
+        if return_keep:
+            return o, lse, _keep_mask(q, k, dropout_p, seed)
+    return o, lse
 
 
 attention.dtypes = _DTYPES

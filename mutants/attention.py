@@ -272,6 +272,108 @@ scale_dropped_with_modifiers = mutant(
     kills=("matches_reference", "gradients_match_reference", "alibi_zero_slopes_plain", "softcap_large_cap_plain"),
 )
 
+# ------------------------------------------------------------------------- dropout
+# The mask is drawn by one helper (_dropout_keep) that the forward, both backward kernels and
+# the keep kernel behind return_keep call: a bug there is consistent between o and the returned
+# mask, so only the mask's own checks (dropout_keep_iid, dropout_seed_reproducible) see it;
+# a bug in one caller shows against the returned mask (dropout_matches_reference,
+# dropout_gradient_uses_keep).
+
+# The kept weights are not scaled by 1 / (1 - p): o shrinks by the keep fraction in expectation
+# (an inverted-dropout rescale forgotten, or applied at eval time instead).
+dropout_not_rescaled = mutant(
+    "attention", _kernel,
+    [("o = acc * (drop_scale / l_i)[:, None]", "o = acc * (1.0 / l_i)[:, None]")],
+    name="dropout_not_rescaled",
+    bug="Dropout without the 1 / (1 - p) rescale of the kept weights (the forward's scale folded "
+        "into 1 / l forgotten). Triggers on every call with dropout_p > 0 whose o is not 0: o is "
+        "(1 - p) times the reference given the returned mask.",
+    kills=("dropout_matches_reference",),
+)
+
+# The normaliser sums the kept weights only: softmax renormalised after dropout, lse of the
+# dropped scores (dropout applied to the scores' exponentials before the row sum).
+lse_after_dropout = mutant(
+    "attention", _kernel,
+    [("""        l_i = l_i * alpha + tl.sum(p, axis=1)  # the normaliser sums every weight: lse is dropout-free
+        if HAS_DROPOUT:
+            p = tl.where(_dropout_keep(seed, off_b, off_h, H, offs_m, offs_kn, N_Q, N_K, drop_p), p, 0.0)
+""", """        if HAS_DROPOUT:
+            p = tl.where(_dropout_keep(seed, off_b, off_h, H, offs_m, offs_kn, N_Q, N_K, drop_p), p, 0.0)
+        l_i = l_i * alpha + tl.sum(p, axis=1)  # the normaliser sums every weight: lse is dropout-free
+""")],
+    name="lse_after_dropout",
+    bug="The running sum l adds the weights after dropout, so lse is the logsumexp of the kept "
+        "scores and o is renormalised over the kept keys (dropout placed before the softmax's "
+        "normaliser instead of after it). Triggers on every call with dropout_p > 0 and a "
+        "dropped visible key: lse is off by log(kept share of the row's weight).",
+    kills=("dropout_matches_reference",),
+)
+
+# The counter leaves the head out: every head of a batch gets the same mask (and the batch's
+# heads' dropout noise is correlated). o and the returned mask stay consistent.
+heads_share_dropout_mask = mutant(
+    "attention", _kernel,
+    [("counter = ((off_b.to(tl.int64) * H + off_h) * N_Q", "counter = ((off_b.to(tl.int64) * H) * N_Q")],
+    name="heads_share_dropout_mask",
+    bug="The dropout mask's counter does not depend on the head (a flattened index that forgot "
+        "a dim): all heads of a batch share one mask. Triggers on calls with H >= 2 and "
+        "dropout_p > 0.",
+    kills=("dropout_keep_iid",),
+)
+
+# The comparison keeps with probability p instead of 1 - p (keep probability and drop
+# probability confused, as between keep_prob and p conventions).
+keep_probability_inverted = mutant(
+    "attention", _kernel,
+    [("return tl.rand(seed, counter) >= drop_p", "return tl.rand(seed, counter) < drop_p")],
+    name="keep_probability_inverted",
+    bug="keep = uniform < p instead of >= p: elements are kept with probability p, not 1 - p "
+        "(dropout probability read as keep probability). Triggers on dropout_p != 0.5; o stays "
+        "consistent with the returned mask, so only the mask's law shows it.",
+    kills=("dropout_keep_iid",),
+)
+
+# The dropout path is chosen by the seed's presence, not by dropout_p (an API where passing a
+# seed or a generator turns dropout on): dropout_p = 0 with a seed draws a mask that keeps
+# everything (uniform >= 0) and forms o as acc * (1 / l), a rounding apart from acc / l.
+dropout_path_at_p_zero = mutant(
+    "attention", _kernel,
+    [("has_dropout = dropout_p > 0", "has_dropout = dropout_p > 0 or seed != 0")],
+    name="dropout_path_at_p_zero",
+    bug="dropout_p = 0 with a nonzero seed runs the dropout path (mask drawn, 1 / (1 - p) = 1 folded "
+        "into 1 / l): an evaluation-mode call that passes its seed is not bitwise the plain call. "
+        "Triggers on dropout_p = 0 with seed != 0, in the elements where acc * (1 / l) and acc / l "
+        "round apart.",
+    kills=("dropout_zero_is_plain",),
+)
+
+# The seed is cut to its low 32 bits on the way to the kernels (an int32 kernel argument):
+# seeds that differ only above bit 31 give the same mask.
+seed_truncated_to_32_bits = mutant(
+    "attention", _kernel,
+    [("return seed, float(dropout_p), 1.0 / (1.0 - float(dropout_p)), True",
+      "return seed & 0xFFFFFFFF, float(dropout_p), 1.0 / (1.0 - float(dropout_p)), True")],
+    name="seed_truncated_to_32_bits",
+    bug="The seed reaches Philox cut to 32 bits (an int32 argument for a 64-bit seed): seeds that "
+        "differ only in bits 32-62 draw the same mask. Triggers on two calls whose seeds differ "
+        "above bit 31.",
+    kills=("dropout_seed_reproducible",),
+)
+
+# The dk/dv kernel redraws the mask one key to the right: dv, and dS through dP', use another
+# mask than the forward (a counter offset off by one in one of three places that form it).
+backward_mask_shifted = mutant(
+    "attention", _kernel,
+    [("kept = _dropout_keep(seed, off_b, off_h, H, offs_m, offs_n, N_Q, N_K, drop_p)",
+      "kept = _dropout_keep(seed, off_b, off_h, H, offs_m, offs_n + 1, N_Q, N_K, drop_p)")],
+    name="backward_mask_shifted",
+    bug="Backward: the dk/dv kernel recomputes the dropout mask with the key index off by one, "
+        "so dv and dk use another mask than the forward's o. Triggers on every backward with "
+        "dropout_p > 0: dropped keys get gradient.",
+    kills=("dropout_gradient_uses_keep",),
+)
+
 MUTANTS = (
     padded_keys_scored_zero,
     accumulator_not_rescaled,
@@ -291,4 +393,11 @@ MUTANTS = (
     alibi_distance_top_left,
     softcap_before_scale,
     scale_dropped_with_modifiers,
+    dropout_not_rescaled,
+    lse_after_dropout,
+    heads_share_dropout_mask,
+    keep_probability_inverted,
+    dropout_path_at_p_zero,
+    seed_truncated_to_32_bits,
+    backward_mask_shifted,
 )

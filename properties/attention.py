@@ -1,11 +1,14 @@
 """attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None,
-softcap=0.0) -> (o, lse): strategy, tolerance binding and properties.
+softcap=0.0, dropout_p=0.0, seed=0, return_keep=False) -> (o, lse): strategy, tolerance
+binding and properties (the dropout checks are in properties/attention_dropout.py).
 
 The strategy draws every variant and their combinations: GQA (Hkv | H), Nq != Nk with
 bottom-right causal (rows without a key when Nq > Nk), windows, ALiBi slopes ([H] or
 [B, H]) and softcaps; the arguments after sm_scale are passed only up to the last one a
 case uses (:func:`case_args`). The key-split checks draw no ALiBi (a block call measures
-the ALiBi distance from its own diagonal).
+the ALiBi distance from its own diagonal). Only the dropout checks draw ``dropout_p > 0``
+(with every other variant); the others compare with the reference without a mask and
+keep ``dropout_p = 0``, ``seed = 0``, which are then not passed.
 
 The domain (what the contract can mean for finite inputs of the dtype):
 
@@ -42,6 +45,7 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from properties import attention_dropout as _dropout
 from properties import attention_tolerance as rules
 from properties import backend, tolerance
 from properties.config import CONFIG
@@ -133,15 +137,21 @@ def _late_max(draw, k: TensorSpec, cap: float) -> TensorSpec:
 
 
 ARGS = ("q", "k", "v", "causal", "sm_scale")
-EXTRA_ARGS = ("window", "alibi_slopes", "softcap")  # in the contract's order, after ARGS
-_DEFAULTS = {"window": NO_WINDOW, "alibi_slopes": None, "softcap": 0.0}
+# in the contract's order, after ARGS
+EXTRA_ARGS = ("window", "alibi_slopes", "softcap", "dropout_p", "seed", "return_keep")
+_DEFAULTS = {"window": NO_WINDOW, "alibi_slopes": None, "softcap": 0.0, "dropout_p": 0.0, "seed": 0,
+             "return_keep": False}
+# dropout probabilities of the dropout checks: 0 (only dropout_zero_is_plain draws it), small,
+# even, large (most keys dropped: short rows lose every key)
+DROPOUT_PS = (0.0, 0.1, 0.5, 0.9, 0.25)
 
 
 def case_args(params: dict, tensors=()) -> tuple[str, ...]:
     """The positional arguments of a call: the original five, then the newer ones up to the
     last that is not its default, so a kernel written before them takes the plain cases."""
     used = {"window": tuple(params.get("window", NO_WINDOW)) != NO_WINDOW, "alibi_slopes": "alibi_slopes" in tensors,
-            "softcap": params.get("softcap", 0.0) != 0.0}
+            "softcap": params.get("softcap", 0.0) != 0.0, "dropout_p": params.get("dropout_p", 0.0) != 0.0,
+            "seed": params.get("seed", 0) != 0, "return_keep": bool(params.get("return_keep", False))}
     last = max((i for i, name in enumerate(EXTRA_ARGS) if used[name]), default=-1)
     return ARGS + EXTRA_ARGS[:last + 1]
 
@@ -180,7 +190,8 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
                     min_bh: int = 1, limits: Limits = NO_LIMITS, gqa: bool | None = None,
                     shape: str | None = None, windows: tuple | None = None, alibi: bool | None = None,
                     softcaps: tuple | None = None, max_d: int = 128, sm_scales: tuple | None = None,
-                    max_n: int | None = None) -> Case:
+                    max_n: int | None = None, dropouts: tuple | None = None, min_h: int = 1,
+                    return_keep: bool = False, max_tiles: int = _TILE_BUDGET) -> Case:
     """q [B, H, Nq, D], k and v [B, Hkv, Nk, D] with Hkv | H.
 
     ``causal`` None draws it; ``min_n`` and ``min_bh`` are for properties that need
@@ -190,7 +201,12 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
     "square" Nq == Nk, None either (Nq == Nk half the time when causal). ``windows``, ``softcaps``: the values to draw from (None:
     WINDOWS, SOFTCAPS); ``alibi`` True or False forces ALiBi slopes ([H] or [B, H], float32)
     on or off, None draws it; ``max_d`` caps the head dim, ``max_n`` Nq and Nk (a check
-    that runs several forward and backward calls on four heads keeps its CPU cost down)."""
+    that runs several forward and backward calls on four heads keeps its CPU cost down).
+    ``dropouts``: the dropout probabilities to draw from (None: no dropout, dropout_p = 0 and
+    seed = 0, not passed), with a seed then; ``min_h`` the fewest query heads (two heads'
+    masks compared); ``return_keep`` True asks for the keep mask (the call returns three
+    outputs: the dropout checks unpack them); ``max_tiles`` the interpreter's work budget
+    (B H cdiv(Nq, 16) cdiv(Nk, 16), default _TILE_BUDGET)."""
     causal = draw(limits.choice("causal", (False, True) if causal is None else (causal,)))
     window = draw(limits.choice("window", WINDOWS if windows is None else windows))
     # GQA's check runs two forward and backward calls on four heads: shorter sequences
@@ -222,9 +238,10 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
     work = CONFIG.pick(math.ceil(n_q / 16) * math.ceil(n_k / 16), n_q * n_k)
     if gqa:
         min_bh = max(min_bh, 4)
-    max_bh = max(min_bh, CONFIG.pick(_TILE_BUDGET, _SCORE_BUDGET) // work)
+    max_bh = max(min_bh, CONFIG.pick(max_tiles, _SCORE_BUDGET) // work)
     # GQA's check: one batch (its cost is four heads, twice, with gradients) unless declared otherwise
-    b = draw(limits.specialised("attention", "B", 1, 1 if gqa else min(3, max_bh), span=(1, 3)))
+    # (min_h heads take min_h of the budget's slices: the batch gets the rest)
+    b = draw(limits.specialised("attention", "B", 1, 1 if gqa else max(1, min(3, max_bh // min_h)), span=(1, 3)))
     h_lo = max(1, math.ceil(min_bh / b))
     if gqa:
         h = draw(limits.pick("H", (4,)))  # declared head counts replace 4
@@ -233,26 +250,36 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
             raise OutsideLimits(f"GQA needs H >= 2 with a proper divisor inside the declared Hkv limits; H = {h}")
         h_kv = draw(limits.pick("Hkv", grouped))
     else:
+        h_lo = max(h_lo, min_h)
         h = draw(limits.specialised("attention", "H", h_lo, max(min(4, max_bh // b), h_lo), span=(1, 4)))
         # Hkv = H first (plain multi-head attention is what a failure shrinks to); declared
         # Hkv limits keep the divisors of H inside them
         h_kv = h if gqa is False else draw(limits.pick("Hkv", [n for n in range(h, 0, -1) if h % n == 0
                                                                and n in limits.sizes.get("Hkv", (n,))]))
     sm_scale = draw(limits.choice("sm_scale", SM_SCALES if sm_scales is None else sm_scales))
+    # the checks without dropout need dropout_p = 0: a kernel declaring other values only is outside them
+    dropout_p, seed = draw(limits.choice("dropout_p", (0.0,) if dropouts is None else dropouts)), 0
+    if dropouts is not None:
+        seed = draw(st.one_of(st.integers(0, 2**16), st.integers(0, 2**63 - 1)))
     scale = _resolved_scale(sm_scale, d)
     cap = qk_cap(dtype, d, scale)
     q = draw(_qkv((b, h, n_q, d), dtype, cap))
     k = draw(_qkv((b, h_kv, n_k, d), dtype, cap))
     if n_k > 16 and draw(st.booleans()):
         k = draw(_late_max(k, cap))
-    v = draw(_qkv((b, h_kv, n_k, d), dtype, v_cap(dtype, n_k)))
+    # dropout scales the kept weights by 1 / (1 - p): |o| <= max|v| / (1 - p) must stay finite,
+    # with room for its rounding (half the range)
+    v = draw(_qkv((b, h_kv, n_k, d), dtype, v_cap(dtype, n_k) * ((1.0 - dropout_p) / 2 if dropout_p else 1.0)))
     softcap = draw(limits.choice("softcap", SOFTCAPS if softcaps is None else softcaps))
     specs = {"q": q, "k": k, "v": v}
     if draw(st.booleans()) if alibi is None else alibi:
         shape_ab = (b, h) if draw(st.booleans()) else (h,)
         specs["alibi_slopes"] = draw(tensors(shape_ab, torch.float32, scales=ALIBI_SCALES, layout=False))
     # every scalar in params (what limits and properties read), passed only as far as args go
-    params = {"causal": bool(causal), "sm_scale": sm_scale, "window": tuple(window), "softcap": softcap}
+    params = {"causal": bool(causal), "sm_scale": sm_scale, "window": tuple(window), "softcap": softcap,
+              "dropout_p": dropout_p, "seed": seed}
+    if return_keep:
+        params["return_keep"] = True
     args = case_args(params, specs)
     return Case("attention", str(dtype).replace("torch.", ""), args, specs, _complete(params, args, specs))
 
@@ -912,8 +939,8 @@ _checks = tuple(dataclasses.replace(c, run=gradients_match_reference) if c.name 
 
 register(OpSpec(
     name="attention",
-    signature="attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0) "
-              "-> (o, lse)",
+    signature="attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0, "
+              "dropout_p=0.0, seed=0, return_keep=False) -> (o, lse)",
     meaning="`q [B, H, Nq, D]`, `k`, `v` `[B, Hkv, Nk, D]` with `H % Hkv == 0`: query head `h` reads KV head "
             "`h // (H / Hkv)` (GQA; MQA is `Hkv = 1`); `sm_scale` defaults to `1/sqrt(D)`; "
             "`o = softmax(q k^T * sm_scale [+ masks]) v`; `lse [B, H, Nq]` float32 is the natural-log "
@@ -922,12 +949,21 @@ register(OpSpec(
             "`i + Nk - Nq - left <= j <= i + Nk - Nq + right`, `-1` unbounded on that side; both may be given. "
             "Scores: `s = sm_scale q_i . k_j`; `softcap > 0`: `s = softcap tanh(s / softcap)`; `alibi_slopes` "
             "(float32 `[H]` or `[B, H]`, not differentiated): `s -= slope |i + Nk - Nq - j|`. "
-            "A row that sees no key returns `o = 0`, `lse = -inf` and zero gradients. The arguments after "
-            "`sm_scale` are passed (positionally) only up to the last one that is not its default.",
-    scalars=("causal", "sm_scale", "window", "softcap"),
+            "A row that sees no key returns `o = 0`, `lse = -inf` and zero gradients. "
+            "`dropout_p` in [0, 1): P's entries are dropped after the softmax by a counter-based RNG seeded by "
+            "`seed` (an int in [0, 2**63)), kept ones scaled by `1 / (1 - dropout_p)`: "
+            "`o = (P * keep / (1 - dropout_p)) v`; `lse` is dropout-free; the same seed gives the same mask; "
+            "`dropout_p = 0` equals no dropout bit for bit; `return_keep=True` also returns the bool keep mask "
+            "`[B, H, Nq, Nk]` (`(o, lse, keep)`; entries outside the band are unspecified), and the backward uses "
+            "the forward's mask. The arguments after `sm_scale` are passed (positionally) only up to the last one "
+            "that is not its default; an implementation whose signature stops before `dropout_p` skips the dropout "
+            "checks (not applicable, with the reason).",
+    scalars=("causal", "sm_scale", "window", "softcap", "dropout_p", "seed", "return_keep"),
     dims={"B": ("q", 0), "H": ("q", 1), "Hkv": ("k", 1), "Nq": ("q", 2), "Nk": ("k", 2), "D": ("q", 3)},
-    choices={"causal": (False, True), "sm_scale": SM_SCALES, "window": WINDOWS, "softcap": SOFTCAPS},
-    arguments=("q", "k", "v", "causal", "sm_scale", "window", "alibi_slopes", "softcap"),
+    choices={"causal": (False, True), "sm_scale": SM_SCALES, "window": WINDOWS, "softcap": SOFTCAPS,
+             "dropout_p": DROPOUT_PS},
+    arguments=("q", "k", "v", "causal", "sm_scale", "window", "alibi_slopes", "softcap", "dropout_p", "seed",
+               "return_keep"),
     outputs=("o", "lse"),
     kernel="kernels.attention:attention",
     reference=ref.attention,
@@ -965,5 +1001,5 @@ register(OpSpec(
         Check("softcap_large_cap_plain", softcap_large_cap_plain, cases=_cases(softcaps=(0.0,))),
         Check("window_equivalences", window_equivalences,
               cases=_cases(causal=False, windows=(NO_WINDOW,), alibi=False, softcaps=(0.0,))),
-    ),
+    ) + _dropout.CHECKS,
 ))

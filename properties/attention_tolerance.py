@@ -262,8 +262,9 @@ class _Block:
     lse_allowed: torch.Tensor
 
 
-def _forward_block(pb: _Problem, rows: slice) -> _Block:
-    """:func:`attention`'s rule for query rows ``rows``."""
+def _forward_block(pb: _Problem, rows: slice, keep: torch.Tensor | None = None, c: float = 1.0) -> _Block:
+    """:func:`attention`'s rule for query rows ``rows``; with the keep mask of those rows
+    and the dropout factor c = 1 / (1 - p), :func:`attention_dropout`'s o."""
     p = pb.p
     q, k = pb.q[..., rows, :], pb.k
     s, visible = attention_scores(q, k, pb.causal, pb.scale, pb.window, pb.alibi_slopes, pb.softcap, rows, pb.n_q)
@@ -294,6 +295,8 @@ def _forward_block(pb: _Problem, rows: slice) -> _Block:
     z = torch.maximum(torch.maximum(torch.gather(pr, -1, jstar), 1.0 / n),
                       (pr * torch.exp(-big_e)).sum(-1, keepdim=True))
     av, ao = pb.av, o.abs()
+    if keep is not None:
+        o_allowed = _dropout_o_allowed(pb, rows, keep & visible, c, pr, w, z, n, nb, ao)
     pv = pr @ av
     # |v_j - o| <= |v_j - c| + |o - c| for any centre c of each value column; the
     # midrange of the column keeps both small when the values share a large offset
@@ -310,7 +313,8 @@ def _forward_block(pb: _Problem, rows: slice) -> _Block:
     rounding = u_p * pv + p_floor * (sub @ av) + (sum_error(n, p.compute) + 2 * nb * p.compute) * (pv + ao) \
         + p.compute * ao + DOT_READ_FLOOR
     vmax = _visible_max(*pb.av_max, rows, pb.n_q, pb.causal, pb.window)
-    o_allowed = torch.minimum(score_part + SAFETY * rounding, 2 * (vmax + ao)) + p.store * ao + attention_floor(p)
+    if keep is None:
+        o_allowed = torch.minimum(score_part + SAFETY * rounding, 2 * (vmax + ao)) + p.store * ao + attention_floor(p)
 
     t = torch.where(visible, s + eps, float("-inf"))
     mt = t.amax(-1, keepdim=True)
@@ -328,6 +332,20 @@ def _forward_block(pb: _Problem, rows: slice) -> _Block:
     o_allowed = torch.where(sees[..., None], o_allowed, 0.0)
     lse_allowed = torch.where(sees, lse_allowed, 0.0)
     return _Block(rows, s, visible, eps, logp, pr, o_allowed, lse_allowed)
+
+
+def _dropout_o_allowed(pb: _Problem, rows: slice, kept, c: float, pr, w, z, n, nb, ao) -> torch.Tensor:
+    """The o part of :func:`attention_dropout` for a block of rows (derivation there)."""
+    p = pb.p
+    u_p, p_floor = _attention_parts(p)
+    tiny = float(torch.finfo(p.dtype).tiny)
+    pv = c * ((pr * kept) @ pb.av)
+    score_part = (c * ((w * kept) @ pb.av) + w.sum(-1, keepdim=True) * ao) / z
+    sub = torch.where(kept & (pr < 4 * tiny), c, 0.0).to(torch.float64)
+    rounding = u_p * pv + p_floor * (sub @ pb.av) + (sum_error(n, p.compute) + 2 * nb * p.compute) * (pv + ao) \
+        + p.compute * ao + 2 * (p.compute + unit_roundoff(p.dtype)) * (pv + ao) + DOT_READ_FLOOR
+    cap = 2 * (c * _visible_max(*pb.av_max, rows, pb.n_q, pb.causal, pb.window) + ao)
+    return torch.minimum(score_part + SAFETY * rounding, cap) + p.store * ao + attention_floor(p)
 
 
 def attention(q, k, v, o, lse, causal: bool, scale: float, p: Precision, window=(-1, -1), alibi_slopes=None,
@@ -504,3 +522,33 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
     n_q, n_k = pb.n_q, pb.k.shape[-2]
     return {"dq": _numpy(dq_allowed + partial_sums(dq, n_k)), "dk": _numpy(dk_allowed + partial_sums(dk, n_q, group)),
             "dv": _numpy(dv_allowed + partial_sums(dv, n_q, group))}
+
+
+def attention_dropout(q, k, v, o, lse, keep, dropout_p: float, causal: bool, scale: float, p: Precision,
+                      window=(-1, -1), alibi_slopes=None, softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Allowed absolute errors of (o, lse) of attention with dropout, given the implementation's
+    keep mask m (``o`` is the fp64 reference with that mask). lse is dropout-free: its
+    allowance is :func:`attention`'s.
+
+    o_i = c sum_j p_ij m_ij v_j with c = 1 / (1 - dropout_p). The computed weights are
+    p_j e^{zeta_j} / Z, Z = sum_j p_j e^{zeta_j} over every visible key (the normaliser is
+    dropout-free), |zeta_j| <= E_j as in :func:`attention` (E_j* = 0 for the top key and its
+    bitwise twins). With sum_j m_j p_j v_j = o / c,
+        o' - o = (c sum_j m_j p_j (e^{zeta_j} - 1) v_j - o sum_j p_j (e^{zeta_j} - 1)) / Z,
+        |o' - o| <= (c sum_j m_j w_j |v_j| + |o| sum_j w_j) / z,   w_j = p_j (e^{E_j} - 1),
+    z <= Z as in attention. No centring of v: the kept weights do not sum to 1, so a common
+    offset of the values does not cancel. Cap: o' = c sum_j m_j p'_j v_j with p' a probability
+    vector, |o' - o| <= c max_visible |v_j| + |o| (twice that, as attention's cap).
+    Roundings: attention's, with the kept sum pv = c sum_j m_j p_j |v_j| for sum_j p_j |v_j|
+    (P rounded before P V and its subnormals, the sums of n terms and the per-block rescaling,
+    the division), and the factor c: rounded to fp32 and multiplied once (u(fp32) each, on |o|,
+    folded into 1 / l by the kernel), or, in a plain implementation forming P m / (1 - p) in
+    the dtype, u(dtype) per weight and u(dtype) for c (on pv): 2 (u(fp32) + u(dtype)) (pv + |o|).
+    """
+    pb = _Problem.of(q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap)
+    keep = torch.as_tensor(np.asarray(keep) if not isinstance(keep, torch.Tensor) else keep, device=pb.q.device)
+    a_o, a_lse = torch.empty_like(pb.o), torch.empty_like(pb.lse)
+    for rows in pb.blocks():
+        block = _forward_block(pb, rows, keep[..., rows, :].to(torch.bool), 1.0 / (1.0 - dropout_p))
+        a_o[..., rows, :], a_lse[..., rows] = block.o_allowed, block.lse_allowed
+    return _numpy(a_o), _numpy(a_lse)

@@ -27,6 +27,8 @@ from properties.generic import generic_checks, gradients_match_reference, precis
 from properties.limits import NO_LIMITS, Limits
 from properties.oracle import assert_close, assert_identical, to_numpy
 from properties.registry import Check, Implementation, OpSpec, register
+from properties.stats import COINCIDENCE, FALSE_ALARM
+from properties.stats import binomial_tail_bound as _binomial_tail_bound
 from properties.strategies import Case, TensorSpec, sizes, special_values, tensors
 from references import norms as ref
 
@@ -50,13 +52,8 @@ WEIGHT_FAMILIES = ("normal", "constant", "outlier")
 BIAS_FAMILIES = ("normal", "constant", "outlier", "offset")
 AFFINE_SCALES = (1.0, 0.1, 10.0, 1e-3)
 FP32_MAX = float(torch.finfo(torch.float32).max)
-# Per example, the probability that a statistical check of the keep mask fails a correct
-# kernel. 1e-8 keeps the union bound over a run below 1e-4 in every profile: the nightly
-# profile runs up to 1000 examples x 3 dtypes of keep_fraction_binomial, 3e-5 at 1e-8
-# (1e-6, the old rate, gave 3e-3). A smaller rate widens the Chernoff test only
-# logarithmically: n KL > log(2 / 1e-8) = 19.1 instead of 14.5.
-FALSE_ALARM = 1e-8
-COINCIDENCE = 1e-9  # probability of each coincidence that seed_reproducible rules out
+# The false-alarm rates of the keep-mask checks and the binomial tail bound are shared with
+# attention's dropout checks: properties/stats.py (with why 1e-8).
 
 
 def domain_cap(dtype: torch.dtype, n: int) -> float:
@@ -356,20 +353,6 @@ def p_zero_is_layer_norm(case: Case, impl: Implementation) -> None:
     allowed = _dropout_allowed(v["x"], v["residual"], v["weight"], v["bias"], np.ones(want.shape, bool), 0.0, eps,
                                want, precision(impl, case))
     assert_close("y", outs["y"], want, allowed, what="at p = 0, y is not layer_norm(x + residual)", record=False)
-
-
-def _binomial_tail_bound(k: int, n: int, q: float) -> float:
-    """Chernoff bound on P(K as far from n q as k, on k's side), K ~ Binomial(n, q):
-    exp(-n KL(k/n || q)); exact zero probability where k is impossible (q in {0, 1})."""
-    a = k / n
-
-    def term(s, t):
-        if s == 0:
-            return 0.0
-        return math.inf if t == 0 else s * math.log(s / t)
-
-    kl = term(a, q) + term(1 - a, 1 - q)
-    return math.exp(-n * kl) if math.isfinite(kl) else 0.0
 
 
 def keep_fraction_binomial(case: Case, impl: Implementation) -> None:

@@ -1,5 +1,5 @@
 """fp64 references for ``attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1),
-alibi_slopes=None, softcap=0.0) -> (o, lse)``.
+alibi_slopes=None, softcap=0.0, dropout_p=0.0, *, keep=None) -> (o, lse)``.
 
     diag    = Nk - Nq                              (masks align to the bottom right)
     s[i, j] = sm_scale * q_i . k_(h // (H / Hkv)) j   (sm_scale defaults to 1 / sqrt(D);
@@ -13,6 +13,12 @@ alibi_slopes=None, softcap=0.0) -> (o, lse)``.
               -inf for a row that sees no key
     p[i, j] = exp(s[i, j] - max_j s[i, j]) / sum_j exp(s[i, j] - max_j s[i, j])   (= exp(s - lse))
     o[i]    = sum_j p[i, j] v_j                  (0 for a row that sees no key)
+    dropout: o[i] = sum_j p[i, j] keep[i, j] / (1 - dropout_p) v_j, lse unchanged
+
+Dropout's mask comes from the implementation's RNG, so the references take it as ``keep``
+(bool, broadcastable to [B, H, Nq, Nk]: an implementation's ``return_keep=True`` mask) in
+place of the contract's ``seed``; ``dropout_p > 0`` without ``keep`` has no reference and
+raises ValueError.
 
 Shapes: q [B, H, Nq, D], k and v [B, Hkv, Nk, D] with H % Hkv == 0; o [B, H, Nq, D], lse [B, H, Nq].
 """
@@ -94,6 +100,19 @@ def _scores(raw, scale: float, softcap: float = 0.0, alibi_slopes=None):
     return s
 
 
+def _dropout_factor(dropout_p, keep, torch_like=None):
+    """keep / (1 - dropout_p) (fp64, NumPy or torch like ``torch_like``), or None without dropout."""
+    if keep is None:
+        if dropout_p:
+            raise ValueError("attention reference: dropout_p > 0 needs the implementation's keep mask (keep=...); "
+                             "the mask comes from its RNG")
+        return None
+    if torch_like is not None:
+        keep = torch.as_tensor(keep, device=torch_like.device)
+        return keep.to(torch.float64) / (1.0 - float(dropout_p))
+    return np.asarray(keep, dtype=np.float64) / (1.0 - float(dropout_p))
+
+
 def repeat_kv(t, heads: int):
     """k or v [B, Hkv, N, D] with each KV head repeated for its group of query heads:
     [B, heads, N, D] (NumPy array or torch tensor), KV head h // (heads / Hkv) at head h."""
@@ -103,8 +122,10 @@ def repeat_kv(t, heads: int):
     return np.repeat(t, group, axis=-3)
 
 
-def attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
-    """NumPy float64 reference; takes array-likes, returns (o, lse) as float64 ndarrays."""
+def attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0,
+              dropout_p=0.0, *, keep=None):
+    """NumPy float64 reference; takes array-likes, returns (o, lse) as float64 ndarrays. With
+    ``keep`` (the implementation's mask) P is multiplied by keep / (1 - dropout_p) before P V."""
     q = np.asarray(q, dtype=np.float64)
     k = repeat_kv(np.asarray(k, dtype=np.float64), q.shape[-3])
     v = repeat_kv(np.asarray(v, dtype=np.float64), q.shape[-3])
@@ -127,13 +148,18 @@ def attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slope
         total = e.sum(axis=-1, keepdims=True)
         lse = row_max + np.log(total)  # -inf for a row without a visible key
         p = np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)  # such a row: o = 0
+    factor = _dropout_factor(dropout_p, keep)
+    if factor is not None:
+        p = p * factor  # after the softmax: lse is dropout-free
     o = p @ v
     return o, lse[..., 0]
 
 
-def attention_torch(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
+def attention_torch(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0,
+                    dropout_p=0.0, *, keep=None):
     """PyTorch float64 reference, differentiable in q, k, v; returns (o, lse). A row that
-    sees no key gives o = 0, lse = -inf and zero gradients (its softmax is never formed)."""
+    sees no key gives o = 0, lse = -inf and zero gradients (its softmax is never formed).
+    ``keep``: the implementation's dropout mask, as in :func:`attention`."""
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     k, v = repeat_kv(k, q.shape[-3]), repeat_kv(v, q.shape[-3])
     n_q, n_k = q.shape[-2], k.shape[-2]
@@ -146,5 +172,8 @@ def attention_torch(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi
     empty = ~visible.any(dim=-1)[:, None]  # [Nq, 1]
     # an empty row's softmax would be 0/0: give it finite scores, then weight 0
     p = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    factor = _dropout_factor(dropout_p, keep, torch_like=q)
+    if factor is not None:
+        p = p * factor
     o = p @ v
     return o, lse

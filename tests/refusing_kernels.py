@@ -3,8 +3,8 @@
 Each wraps a correct implementation (the project's kernel) or a planted bug (a
 mutant) behind the refusal a real wrapper makes: rows longer than a block limit,
 non-contiguous input, float32, head dims outside {16, 32, 64, 128}, causal=False,
-cos/sin in another dtype than x. The ``*_declared`` twins declare the same limits
-with ``fn.limits``. tests/test_refusals.py runs the suite on them with ``--impl``.
+cos/sin in another dtype than x, dropout. The ``*_declared`` twins declare the same
+limits with ``fn.limits``. tests/test_refusals.py runs the suite on them with ``--impl``.
 """
 import torch
 
@@ -80,6 +80,20 @@ def attention_narrow_declared(q, k, v, causal=False, sm_scale=None, window=(-1, 
 
 
 attention_narrow_declared.limits = {"sizes": {"D": HEAD_DIMS}, "values": {"causal": (True,)}}
+
+
+def attention_inference_declared(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None,
+                                  softcap=0.0, dropout_p=0.0, seed=0, return_keep=False):
+    """Takes the dropout arguments but not dropout itself (an inference kernel), and says so."""
+    if dropout_p != 0.0:
+        raise NotImplementedError("dropout_p: only 0 (no dropout) is supported")
+    out = _attention(q, k, v, causal, sm_scale, window, alibi_slopes, softcap)
+    if return_keep:
+        return (*out, torch.ones(q.shape[:3] + k.shape[2:3], dtype=torch.bool, device=q.device))
+    return out
+
+
+attention_inference_declared.limits = {"values": {"dropout_p": (0.0,)}}
 
 
 def rope_same_dtype(x, cos, sin):

@@ -12,9 +12,11 @@ import os
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from controls import attention as controls
-from kernels.attention import attention
+from kernels.attention import _dropout_keep, attention
 from mutants import attention as mutants
 from references.attention import attention as ref_np
 from references.attention import attention_torch as ref_torch
@@ -85,6 +87,14 @@ BAD_INPUTS = [
     ("scale_nan", lambda: dict(q=_ok(), k=_ok(), v=_ok(), sm_scale=float("nan")), ValueError, "sm_scale"),
     ("scale_inf", lambda: dict(q=_ok(), k=_ok(), v=_ok(), sm_scale=math.inf), ValueError, "sm_scale"),
     ("scale_str", lambda: dict(q=_ok(), k=_ok(), v=_ok(), sm_scale="0.5"), TypeError, "sm_scale"),
+    ("dropout_one", lambda: dict(q=_ok(), k=_ok(), v=_ok(), dropout_p=1.0), ValueError, "dropout_p"),
+    ("dropout_negative", lambda: dict(q=_ok(), k=_ok(), v=_ok(), dropout_p=-0.1), ValueError, "dropout_p"),
+    ("dropout_nan", lambda: dict(q=_ok(), k=_ok(), v=_ok(), dropout_p=math.nan), ValueError, "dropout_p"),
+    ("dropout_bool", lambda: dict(q=_ok(), k=_ok(), v=_ok(), dropout_p=True), TypeError, "dropout_p"),
+    ("seed_float", lambda: dict(q=_ok(), k=_ok(), v=_ok(), dropout_p=0.5, seed=1.5), TypeError, "seed"),
+    ("seed_negative", lambda: dict(q=_ok(), k=_ok(), v=_ok(), dropout_p=0.5, seed=-1), ValueError, "seed"),
+    ("seed_2_63", lambda: dict(q=_ok(), k=_ok(), v=_ok(), dropout_p=0.5, seed=2**63), ValueError, "seed"),
+    ("return_keep_int", lambda: dict(q=_ok(), k=_ok(), v=_ok(), return_keep=1), TypeError, "return_keep"),
 ]
 
 
@@ -210,6 +220,19 @@ def test_reference_gradcheck(causal):
     assert torch.autograd.gradcheck(lambda a, b, c: ref_torch(a, b, c, causal)[0], (q, k, v))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_naive_torch_dropout(dtype):
+    """naive_torch's dropout: o matches fp64 with its returned mask, the same seed the same mask,
+    seeds differing above bit 31 other masks (torch's CPU generator alone keeps 32 bits)."""
+    q, k, v = _make(1, 2, 9, 13, 16, dtype, seed=4, h_kv=1)
+    o, _, keep = controls.naive_torch(q, k, v, True, None, (-1, -1), None, 0.0, 0.5, 2**40 + 1, True)
+    ro, _ = ref_np(*(t.cpu().double().numpy() for t in (q, k, v)), True, dropout_p=0.5, keep=keep.cpu().numpy())
+    assert np.abs(o.cpu().double().numpy() - ro).max() < 10 * BOUND[dtype]
+    _, _, again = controls.naive_torch(q, k, v, True, None, (-1, -1), None, 0.0, 0.5, 2**40 + 1, True)
+    _, _, other = controls.naive_torch(q, k, v, True, None, (-1, -1), None, 0.0, 0.5, 1, True)
+    assert torch.equal(keep, again) and not torch.equal(keep, other)
+
+
 @pytest.mark.parametrize("control", ["sdpa", "naive_torch"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_controls(control, dtype):
@@ -269,9 +292,98 @@ def test_gradient_of_expanded_grad_output():
 
 
 # --------------------------------------------------------------------------------------
+# Dropout
+# --------------------------------------------------------------------------------------
+def _philox_uniform(seed: int, counter: np.ndarray) -> np.ndarray:
+    """tl.rand(seed, counter) in NumPy: Philox4x32-10 on the counter words (counter mod 2**32,
+    counter >> 32, 0, 0) and key (seed mod 2**32, seed >> 32), the first output word as an int32
+    folded to [0, 2**31) and scaled to [0, 1) in fp32."""
+    m32 = np.uint64(0xFFFFFFFF)
+    c0, c1 = (counter & 0xFFFFFFFF).astype(np.uint64), (counter >> 32).astype(np.uint64)
+    c2, c3 = np.zeros_like(c0), np.zeros_like(c0)
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)
+    for _ in range(10):
+        p0, p1 = np.uint64(0xCD9E8D57) * c2, np.uint64(0xD2511F53) * c0  # exact: both < 2**64
+        c0, c1, c2, c3 = (p0 >> np.uint64(32)) ^ c1 ^ k0, p0 & m32, (p1 >> np.uint64(32)) ^ c3 ^ k1, p1 & m32
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m32, (k1 + np.uint64(0xBB67AE85)) & m32
+    x = c0.astype(np.uint32).view(np.int32).astype(np.int64)
+    return np.where(x < 0, ~x, x).astype(np.float32) * np.float32(4.6566127342e-10)
+
+
+def _documented_keep(seed: int, p: float, B: int, H: int, n_q: int, n_k: int) -> np.ndarray:
+    """The module docstring's mask: uniform(seed, ((b H + h) Nq + i) Nk + j) >= p."""
+    b, h = np.arange(B)[:, None, None, None], np.arange(H)[None, :, None, None]
+    i, j = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
+    return _philox_uniform(seed, ((b * H + h) * n_q + i) * n_k + j) >= np.float32(p)
+
+
+@pytest.mark.parametrize("seed", [7, 2**40 + 3, 2**63 - 1])
+def test_dropout_mask_is_the_documented_counter(seed):
+    """The keep mask is Philox of the documented counter, whatever the layout of q, k, v."""
+    for layout in ("contiguous", "bnhd"):
+        q, k, v = _make(2, 3, 20, 37, 16, torch.float32, layout, seed=13, h_kv=1)
+        _, _, keep = attention(q, k, v, True, None, (5, -1), None, 0.0, 0.3, seed, True)
+        assert keep.dtype == torch.bool and keep.shape == (2, 3, 20, 37)
+        assert np.array_equal(keep.cpu().numpy(), _documented_keep(seed, 0.3, 2, 3, 20, 37))
+
+
+@triton.jit
+def _draw_keep(OUT, seed, off_b, off_h, H, N_Q, N_K, row0, drop_p, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    keep = _dropout_keep(seed, off_b, off_h, H, row0 + offs, offs, N_Q, N_K, drop_p)
+    tl.store(OUT + offs[:, None] * BLOCK + offs[None, :], keep.to(tl.int8))
+
+
+def test_dropout_counter_past_2_to_32():
+    """The counter is formed in int64: a head whose rows start past 2**32 draws the documented mask."""
+    out = torch.empty(16, 16, dtype=torch.int8, device=DEVICE)
+    b, h, heads, n_q, n_k, row0 = 3, 5, 7, 100_000, 100_000, 99_000
+    _draw_keep[(1,)](out, 11, b, h, heads, n_q, n_k, row0, 0.5, BLOCK=16)
+    counter = ((b * heads + h) * n_q + row0 + np.arange(16)[:, None]) * n_k + np.arange(16)[None, :]
+    assert counter.min() > 2**32
+    assert np.array_equal(out.cpu().numpy().astype(bool), _philox_uniform(11, counter) >= np.float32(0.5))
+
+
+def test_dropout_zero_is_the_plain_call():
+    q, k, v = _make(1, 2, 20, 37, 16, torch.float32, seed=14)
+    o, lse = attention(q, k, v, True)
+    o0, lse0, keep = attention(q, k, v, True, None, (-1, -1), None, 0.0, 0.0, 123, True)
+    assert torch.equal(o, o0) and torch.equal(lse, lse0) and bool(keep.all())
+
+
+@pytest.mark.parametrize("dtype,causal,window,h_kv,p", [
+    (torch.float32, True, (-1, -1), 1, 0.3), (torch.float32, False, (5, 3), 2, 0.9),
+    (torch.float16, True, (-1, -1), 2, 0.5), (torch.bfloat16, False, (-1, -1), 2, 0.1)])
+def test_dropout_matches_reference_with_its_mask(dtype, causal, window, h_kv, p):
+    """o and the gradients match fp64 with the returned mask; lse is the dropout-free one, bitwise."""
+    q, k, v = (t.requires_grad_() for t in _make(1, 2, 33, 40, 16, dtype, seed=15, h_kv=h_kv))
+    o, lse, keep = attention(q, k, v, causal, None, window, None, 0.0, p, 99, True)
+    assert torch.equal(lse, attention(q, k, v, causal, None, window)[1])
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(16)).to(dtype).to(DEVICE)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    o64, lse64 = ref_torch(q64, k64, v64, causal, None, window, dropout_p=p, keep=keep)
+    ref_grads = torch.autograd.grad(o64, (q64, k64, v64), do.double())
+    scale = o64.abs().max().item()
+    assert (o.double() - o64).abs().max().item() < BOUND[dtype] * max(1.0, scale)
+    for name, got, want in zip("qkv", grads, ref_grads):
+        err = (got.double() - want).abs().max().item()
+        assert err < 10 * BOUND[dtype] * max(1.0, want.abs().max().item()), (name, err)
+
+
+def test_dropout_keep_fraction_and_heads():
+    """A loose sanity check of the mask's law (the suite's checks are the real test)."""
+    q, k, v = _make(2, 4, 64, 64, 16, torch.float32, seed=17)
+    _, _, keep = attention(q, k, v, False, None, (-1, -1), None, 0.0, 0.25, 5, True)
+    assert abs(keep.float().mean().item() - 0.75) < 0.02
+    assert (keep[:, 0] == keep[:, 1]).float().mean().item() < 0.7  # independent heads agree 62.5% of the time
+
+
+# --------------------------------------------------------------------------------------
 # Mutants: each builds and differs from the kernel on an input that triggers it
 # --------------------------------------------------------------------------------------
-# name -> (B, H, N_q, N_k, D, causal, layout, sm_scale[, Hkv[, window[, "alibi" or a softcap]]])
+# name -> (B, H, N_q, N_k, D, causal, layout, sm_scale[, Hkv[, window[, "alibi", a softcap, or
+# dropout keywords]]])
 TRIGGERS = {
     "padded_keys_scored_zero": (1, 1, 5, 10, 16, False, "contiguous", None),
     "accumulator_not_rescaled": (1, 2, 8, 150, 16, False, "contiguous", None),  # > 1 block on GPU too
@@ -291,6 +403,15 @@ TRIGGERS = {
     "alibi_distance_top_left": (1, 2, 5, 12, 16, True, "contiguous", None, 2, (-1, -1), "alibi"),
     "softcap_before_scale": (1, 1, 8, 8, 16, False, "contiguous", None, 1, (-1, -1), 2.0),
     "scale_dropped_with_modifiers": (1, 1, 8, 8, 16, False, "contiguous", None, 1, (-1, -1), 30.0),
+    "dropout_not_rescaled": (1, 2, 8, 20, 16, False, "contiguous", None, 2, (-1, -1), {"dropout_p": 0.5, "seed": 3}),
+    "lse_after_dropout": (1, 2, 8, 20, 16, True, "contiguous", None, 2, (-1, -1), {"dropout_p": 0.5, "seed": 3}),
+    "heads_share_dropout_mask": (1, 2, 8, 20, 16, False, "contiguous", None, 2, (-1, -1), {"dropout_p": 0.5, "seed": 3}),
+    "keep_probability_inverted": (1, 1, 8, 20, 16, False, "contiguous", None, 1, (-1, -1),
+                                  {"dropout_p": 0.25, "seed": 3}),
+    "dropout_path_at_p_zero": (1, 2, 8, 20, 16, False, "contiguous", None, 2, (-1, -1), {"dropout_p": 0.0, "seed": 3}),
+    "seed_truncated_to_32_bits": (1, 1, 8, 20, 16, False, "contiguous", None, 1, (-1, -1),
+                                  {"dropout_p": 0.5, "seed": 2**40 + 3}),
+    "backward_mask_shifted": (1, 2, 8, 20, 16, True, "contiguous", None, 1, (-1, -1), {"dropout_p": 0.5, "seed": 3}),
 }
 
 
@@ -315,6 +436,8 @@ def test_mutant_differs_on_trigger(name):
     extra = {}
     if modifier == "alibi":
         extra["alibi_slopes"] = torch.tensor([0.5, 0.125] * H, device=DEVICE)[:H]
+    elif isinstance(modifier, dict):
+        extra.update(modifier)
     elif modifier is not None:
         extra["softcap"] = modifier
         q = q * 3  # scores reach the cap's curved part
@@ -322,7 +445,7 @@ def test_mutant_differs_on_trigger(name):
     good = _run_with_grads(attention, q, k, v, causal, sm_scale, do, window, **extra)
     bad = _run_with_grads(getattr(mutants, name), q, k, v, causal, sm_scale, do, window, **extra)
     labels = ("o", "lse", "dq", "dk", "dv")
-    forward_only = name in ("dk_missing_scale", "dkdv_causal_mask_missing")
+    forward_only = name in ("dk_missing_scale", "dkdv_causal_mask_missing", "backward_mask_shifted")
     differs = [lab for lab, a, b in zip(labels, good, bad) if not torch.equal(a, b)]
     assert differs, f"mutant {name} matches the kernel on its trigger input"
     if forward_only:  # backward-only bugs leave the forward bitwise intact

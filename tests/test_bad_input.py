@@ -56,7 +56,7 @@ def _valid(op: str, dims: dict[str, int]) -> dict[str, Any]:
     if op == "attention":
         return {"q": _tensor((b, h, n, d)), "k": _tensor((b, h, m, d)), "v": _tensor((b, h, m, d)),
                 "causal": False, "sm_scale": None, "window": (-1, -1), "alibi_slopes": _tensor((b, h)),
-                "softcap": 0.0}
+                "softcap": 0.0, "dropout_p": 0.25, "seed": 7, "return_keep": False}
     if op == "linear_attention":
         return {"q": _tensor((b, h, n, d)).abs(), "k": _tensor((b, h, n, d)).abs(),
                 "v": _tensor((b, h, n, d + 1)), "causal": False, "eps": 1e-6}
@@ -137,7 +137,10 @@ SPOILERS: dict[str, list[Spoiler]] = {
            Spoiler("alibi_slopes", "one head more than q", lambda a: _widen_last(a["alibi_slopes"])),
            Spoiler("alibi_slopes", "on another device", lambda a: torch.empty_like(a["alibi_slopes"],
                                                                                     device=OTHER_DEVICE))]
-        + _scalar_spoilers("softcap", [-1.0, math.nan, math.inf, "30"])),
+        + _scalar_spoilers("softcap", [-1.0, math.nan, math.inf, "30"])
+        + _scalar_spoilers("dropout_p", [-0.1, 1.0, 1.5, math.nan, math.inf, "half", True, None])
+        + _scalar_spoilers("seed", [1.5, "seven", None, -1, 2**63, True])
+        + _scalar_spoilers("return_keep", ["yes", 1, None])),
     "linear_attention": (
         _tensor_spoilers("q", fixed_rank=True) + _tensor_spoilers("k", fixed_rank=True)
         + _tensor_spoilers("v", fixed_rank=True)

@@ -84,8 +84,10 @@ def test_refusals_fail_option(tmp_path):
 
 
 def test_attention_head_dims_and_causal_only(tmp_path):
-    outcomes, report, out = run_suite(tmp_path, "attention", ["attention_narrow", "attention_narrow_declared"],
-                                      ["float32"], "-k", "matches_reference or key_permutation_invariant", examples=4)
+    outcomes, report, out = run_suite(tmp_path, "attention", ["attention_narrow", "attention_narrow_declared",
+                                                              "attention_inference_declared"],
+                                      ["float32"], "-k", "matches_reference or key_permutation_invariant or dropout",
+                                      examples=4)
     assert _outcome(outcomes, "attention_narrow_declared", "matches_reference") == "passed", out[-3000:]
     assert _refused(report, "attention_narrow_declared") == 0
     # key_permutation_invariant needs causal=False, which the declared limits exclude: skipped with that reason
@@ -95,6 +97,18 @@ def test_attention_head_dims_and_causal_only(tmp_path):
     assert undeclared == "passed" or undeclared.startswith("skipped: every example was refused"), undeclared
     assert _outcome(outcomes, "attention_narrow", "key_permutation_invariant").startswith(
         "skipped: every example was refused")
+    # dropout: a signature that stops before dropout_p (attention_narrow, written before it) makes every
+    # dropout check not applicable, skipped with the reason; a kernel that takes the arguments and declares
+    # dropout_p in (0.0,) runs dropout_zero_is_plain and skips the others with the limit
+    later = ("dropout_seed_reproducible", "dropout_keep_iid", "dropout_matches_reference", "dropout_gradient_uses_keep")
+    for check in ("dropout_zero_is_plain",) + later:
+        verdict = _outcome(outcomes, "attention_narrow", check)
+        assert verdict.startswith("skipped: not applicable") and "dropout_p" in verdict, verdict
+    assert _outcome(outcomes, "attention_inference_declared", "dropout_zero_is_plain") == "passed", out[-3000:]
+    for check in later:
+        verdict = _outcome(outcomes, "attention_inference_declared", check)
+        assert "declared limits exclude" in verdict and "dropout_p" in verdict, verdict
+    assert _refused(report, "attention_inference_declared") == 0
 
 
 def test_rope_tables_in_x_dtype_only(tmp_path):
