@@ -37,6 +37,22 @@ class Mutant:
     bug: str
     kills: tuple[str, ...]
     module: str = ""  # where the mutant is defined, e.g. "mutants.softmax"
+    # where the planted difference exists, with why not elsewhere: (backends, reason)
+    only_on: tuple[tuple[str, ...], str] | None = None
+
+    def __post_init__(self):
+        if self.only_on is not None:
+            from properties.declarations import BACKEND_NAMES
+            backends, reason = self.only_on
+            if not backends or not set(backends) <= set(BACKEND_NAMES) or not reason:
+                raise ValueError(f"mutant {self.name!r}: only_on must be (backends among {BACKEND_NAMES}, "
+                                 f"a non-empty reason), got {self.only_on!r}")
+
+    def absent_on(self, backend: str) -> str | None:
+        """Why the planted bug does not exist on ``backend``, or None where it does."""
+        if self.only_on is None or backend in self.only_on[0]:
+            return None
+        return f"mutant {self.name} exists only on {', '.join(self.only_on[0])}: {self.only_on[1]}"
 
     @property
     def target(self) -> str:
@@ -93,17 +109,19 @@ def mutant(
     bug: str,
     kills: tuple[str, ...],
     attr: str | None = None,
+    only_on: tuple[tuple[str, ...], str] | None = None,
 ) -> Mutant:
     """Make the mutant ``name`` of ``op`` by applying ``patches`` to ``module``.
 
     ``bug`` is the docstring a user reads: the planted bug, the real-world bug class
     it models and the input that triggers it. ``kills`` names the checks that must
     fail on it (the self-test asserts each one does). ``attr`` is the function to
-    take from the patched module (default: ``op``).
+    take from the patched module (default: ``op``). ``only_on`` = (backends, why): a
+    patch whose difference one backend's code generation erases is no bug there.
     """
     if not kills:
         raise ValueError(f"mutant {name!r} must name at least one check in kills")
     patched = _patched_module(module, tuple(patches), f"{op}_{name}")
     fn = getattr(patched, attr or op)
     return Mutant(name=name, op=op, fn=fn, bug=bug, kills=tuple(kills),
-                  module=sys._getframe(1).f_globals.get("__name__", ""))
+                  module=sys._getframe(1).f_globals.get("__name__", ""), only_on=only_on)

@@ -346,6 +346,9 @@ dropout_path_at_p_zero = mutant(
         "Triggers on dropout_p = 0 with seed != 0, in the elements where acc * (1 / l) and acc / l "
         "round apart.",
     kills=("dropout_zero_is_plain",),
+    only_on=(("interpret",), "on an H100 (Triton 3.6) it survived dropout_zero_is_plain in all three dtypes: "
+                             "the GPU's fp32 division computes acc / l and acc * (1 / l) to the same bits, so "
+                             "the dropout path at p = 0 is the plain call there"),
 )
 
 # The seed is cut to its low 32 bits on the way to the kernels (an int32 kernel argument):
