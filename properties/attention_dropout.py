@@ -34,8 +34,8 @@ visible pairs coincide with probability a^n: compared only where a^n < COINCIDEN
 example: ALARM_KEEP + ALARM_INDEPENDENT and COINCIDENCE (``Check.false_alarm``); together
 with norms' checks 2.4e-8 per example (properties/stats.py).
 
-Shapes stay small on the interpreter (Nq, Nk <= SMALL_N, D <= SMALL_D): Philox runs as
-NumPy there, and every check calls the kernel two to four times.
+Shapes stay small on the interpreter (Nq, Nk <= SMALL_N, D <= SMALL_D, a few tiles): Philox
+runs as NumPy there, and a check calls the kernel one to three times (see SMALL_TILES).
 
 Implementations that take no dropout: a signature that stops before ``dropout_p`` (every
 kernel written before it, third-party kernels without the argument) makes the dropout
