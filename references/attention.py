@@ -1,5 +1,5 @@
 """fp64 references for ``attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1),
-alibi_slopes=None, softcap=0.0, dropout_p=0.0, *, keep=None) -> (o, lse)``.
+alibi_slopes=None, softcap=0.0, dropout_p=0.0, seed=0, return_keep=False, *, keep=None) -> (o, lse)``.
 
     diag    = Nk - Nq                              (masks align to the bottom right)
     s[i, j] = sm_scale * q_i . k_(h // (H / Hkv)) j   (sm_scale defaults to 1 / sqrt(D);
@@ -16,9 +16,9 @@ alibi_slopes=None, softcap=0.0, dropout_p=0.0, *, keep=None) -> (o, lse)``.
     dropout: o[i] = sum_j p[i, j] keep[i, j] / (1 - dropout_p) v_j, lse unchanged
 
 Dropout's mask comes from the implementation's RNG, so the references take it as ``keep``
-(bool, broadcastable to [B, H, Nq, Nk]: an implementation's ``return_keep=True`` mask) in
-place of the contract's ``seed``; ``dropout_p > 0`` without ``keep`` has no reference and
-raises ValueError.
+(bool, broadcastable to [B, H, Nq, Nk]: an implementation's ``return_keep=True`` mask); the
+contract's ``seed`` and ``return_keep`` are accepted (a call with the contract's arguments
+binds) and ignored; ``dropout_p > 0`` without ``keep`` has no reference and raises ValueError.
 
 Shapes: q [B, H, Nq, D], k and v [B, Hkv, Nk, D] with H % Hkv == 0; o [B, H, Nq, D], lse [B, H, Nq].
 """
@@ -123,7 +123,7 @@ def repeat_kv(t, heads: int):
 
 
 def attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0,
-              dropout_p=0.0, *, keep=None):
+              dropout_p=0.0, seed=0, return_keep=False, *, keep=None):
     """NumPy float64 reference; takes array-likes, returns (o, lse) as float64 ndarrays. With
     ``keep`` (the implementation's mask) P is multiplied by keep / (1 - dropout_p) before P V."""
     q = np.asarray(q, dtype=np.float64)
@@ -156,7 +156,7 @@ def attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slope
 
 
 def attention_torch(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0,
-                    dropout_p=0.0, *, keep=None):
+                    dropout_p=0.0, seed=0, return_keep=False, *, keep=None):
     """PyTorch float64 reference, differentiable in q, k, v; returns (o, lse). A row that
     sees no key gives o = 0, lse = -inf and zero gradients (its softmax is never formed).
     ``keep``: the implementation's dropout mask, as in :func:`attention`."""
