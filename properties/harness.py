@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
 from hypothesis.vendor import pretty
 
-from properties import autotune_configs, backend, refusals, registry
+from properties import autotune_configs, backend, devices, refusals, registry
 from properties.config import CONFIG
 from properties.generic import rule_name
 from properties.limits import OutsideLimits
@@ -118,6 +118,7 @@ class Target:
                 exc.add_note(note)
             raise
         finally:
+            devices.release_cache(backend.current())
             if _collector is not None:
                 _collector.count(self, invalid, refused, time.perf_counter() - start)
 

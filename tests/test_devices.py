@@ -1,5 +1,6 @@
 """One GPU per xdist worker (properties/devices.py): the mapping, and the report's record of it."""
 import pytest
+import torch
 
 from properties import devices, report
 
@@ -46,3 +47,18 @@ def test_the_report_says_which_gpu_ran_each_test(tmp_path):
     assert data["gpu_per_test"] == {"a-k-float16-x": 0, "b-k-float16-x": 0, "c-k-float32-x": 1}
     assert report.gpu_line(data) == "tests per GPU: cuda:0 2, cuda:1 1"
     assert report.gpu_line({"gpu_per_test": {}}) == ""
+
+
+def test_release_cache_empties_only_past_the_kept_size(monkeypatch):
+    calls = []
+    reserved = {"bytes": devices.CACHE_KEPT_BYTES}
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: reserved["bytes"])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: calls.append("reset"))
+    devices.release_cache("cuda")
+    assert calls == []  # at the kept size: nothing to hand back
+    reserved["bytes"] += 1
+    devices.release_cache("interpret")
+    assert calls == []  # no GPU
+    devices.release_cache("cuda")
+    assert calls == ["empty", "reset"]
