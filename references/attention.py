@@ -35,24 +35,16 @@ def _scale(sm_scale, head_dim: int) -> float:
 
 
 def visible_pairs(n_q: int, n_k: int, causal: bool = False, window=(-1, -1)) -> np.ndarray:
-    """[Nq, Nk] bool: the (query i, key j) pairs a call keeps, bottom-right aligned."""
-    i = np.arange(n_q)[:, None] + (n_k - n_q)  # row i's diagonal key
-    j = np.arange(n_k)[None, :]
-    left, right = window
-    keep = np.ones((n_q, n_k), dtype=bool)
-    if causal:
-        keep &= j <= i
-    if left >= 0:
-        keep &= j >= i - left
-    if right >= 0:
-        keep &= j <= i + right
-    return keep
+    """[Nq, Nk] bool: the (query i, key j) pairs a call keeps, bottom-right aligned
+    (:func:`visible_pairs_torch` on the host, as a NumPy array)."""
+    return visible_pairs_torch(n_q, n_k, causal, window).numpy()
 
 
 def visible_pairs_torch(n_q: int, n_k: int, causal: bool = False, window=(-1, -1), device=None,
                         rows: slice | None = None) -> torch.Tensor:
-    """:func:`visible_pairs` as a torch tensor on ``device``, for query rows ``rows``
-    (default: all), built there (no N x N host array on the way to a GPU)."""
+    """[rows, Nk] bool on ``device``: the (query i, key j) pairs a call keeps, bottom-right
+    aligned, for query rows ``rows`` (default: all), built where it is used (no N x N host
+    array on the way to a GPU)."""
     rows = slice(0, n_q) if rows is None else rows
     i = torch.arange(rows.start, rows.stop, device=device)[:, None] + (n_k - n_q)  # row i's diagonal key
     j = torch.arange(n_k, device=device)[None, :]
