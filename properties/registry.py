@@ -164,11 +164,10 @@ class OpSpec:
         if self.torch_reference is not None and on_gpu:
             with torch.no_grad():
                 out = self.torch_reference(*(_float64(values[a]) for a in case.args))
-            out = out if isinstance(out, tuple) else (out,)
-            out = tuple(t.detach().cpu().numpy() for t in out)
         else:
             out = self.reference(*(inputs64[a] for a in case.args))
-            out = out if isinstance(out, tuple) else (out,)
+        out = out if isinstance(out, tuple) else (out,)
+        out = tuple(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t for t in out)
         return dict(zip(self.outputs, out, strict=True)), inputs64
 
 
