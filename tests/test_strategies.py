@@ -132,18 +132,21 @@ def test_softmax_rows_independent_always_has_two_rows():
 
 def test_attention_reaches_long_sequences_on_the_gpu_profile(monkeypatch):
     # Issue 12's realistic sizes: a 16k-key cache read by up to 2048 queries, squares to
-    # 8k, in about LONG_PERCENT of the draws of the large profile, alone in their example
-    # when the scores pass the budget; never on the CPU's.
+    # 8k, in the large profile, with B = H = 1 once the scores alone pass the budget;
+    # never on the CPU's. ``find`` searches until it meets one: how many of a fixed number
+    # of derandomized draws are long depends on what else the run collected (Hypothesis's
+    # literal pool), 3 to 20 of 400 here.
     from properties import attention
 
     ops = registry.load()
     monkeypatch.setattr(CONFIG, "size", "large")
-    shapes = _attention_shapes(ops, 400)
-    long = [(q, k) for q, k in shapes if k[2] >= LONG_FROM]
-    assert len(long) >= 5, f"{len(long)} of {len(shapes)} draws with Nk >= {LONG_FROM}"
-    assert all(k[2] <= attention.LONG_KEYS and q[2] <= max(attention.LONG_QUERIES, attention.LONG_SQUARE)
-               and q[0] * q[1] * q[2] * k[2] <= max(attention._SCORE_BUDGET, q[2] * k[2]) for q, k in long), long
-    assert any(k[2] > 8192 for _, k in long), long
+    strategy = ops["attention"].cases(torch.float16)
+    long_cache = find(strategy, lambda c: c.tensors["k"].shape[2] > 8192,
+                      settings=settings(max_examples=2000, database=None, suppress_health_check=list(HealthCheck)))
+    assert long_cache.tensors["q"].shape[2] <= attention.LONG_QUERIES
+    for q, k in _attention_shapes(ops, 400):
+        assert k[2] <= attention.LONG_KEYS and q[2] <= max(attention.LONG_QUERIES, attention.LONG_SQUARE)
+        assert q[0] * q[1] * q[2] * k[2] <= max(attention._SCORE_BUDGET, q[2] * k[2]), (q, k)
     monkeypatch.setattr(CONFIG, "size", "small")
     assert all(k[2] < LONG_FROM for _, k in _attention_shapes(ops, 200)), "the CPU profile drew a long sequence"
 
