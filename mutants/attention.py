@@ -351,6 +351,18 @@ dropout_path_at_p_zero = mutant(
                              "the dropout path at p = 0 is the plain call there"),
 )
 
+# dropout_p = 0 read as "not given" and replaced by a default rate (``p = dropout_p or
+# default``): an evaluation-mode call drops part of P.
+zero_dropout_means_default = mutant(
+    "attention", _kernel,
+    [("    has_dropout = dropout_p > 0\n", "    dropout_p = dropout_p or 0.1\n    has_dropout = dropout_p > 0\n")],
+    name="zero_dropout_means_default",
+    bug="dropout_p = 0 is taken for 'not given' and replaced by a default of 0.1 (the falsy-zero "
+        "default, p = dropout_p or default): an evaluation call, or a model that sets p = 0, "
+        "drops a tenth of P and rescales the rest. Triggers on dropout_p = 0, on any backend.",
+    kills=("dropout_zero_is_plain",),
+)
+
 # The seed is cut to its low 32 bits on the way to the kernels (an int32 kernel argument):
 # seeds that differ only above bit 31 give the same mask.
 seed_truncated_to_32_bits = mutant(
@@ -401,6 +413,7 @@ MUTANTS = (
     heads_share_dropout_mask,
     keep_probability_inverted,
     dropout_path_at_p_zero,
+    zero_dropout_means_default,
     seed_truncated_to_32_bits,
     backward_mask_shifted,
 )

@@ -410,6 +410,7 @@ TRIGGERS = {
     "keep_probability_inverted": (1, 1, 8, 20, 16, False, "contiguous", None, 1, (-1, -1),
                                   {"dropout_p": 0.25, "seed": 3}),
     "dropout_path_at_p_zero": (1, 2, 8, 20, 16, False, "contiguous", None, 2, (-1, -1), {"dropout_p": 0.0, "seed": 3}),
+    "zero_dropout_means_default": (1, 2, 8, 20, 16, False, "contiguous", None, 2, (-1, -1), {"dropout_p": 0.0}),
     "seed_truncated_to_32_bits": (1, 1, 8, 20, 16, False, "contiguous", None, 1, (-1, -1),
                                   {"dropout_p": 0.5, "seed": 2**40 + 3}),
     "backward_mask_shifted": (1, 2, 8, 20, 16, True, "contiguous", None, 1, (-1, -1), {"dropout_p": 0.5, "seed": 3}),
