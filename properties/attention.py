@@ -471,8 +471,10 @@ def causal_gradient_respected(case: Case, impl: Implementation) -> None:
 def _key_blocks(draw, op: OpSpec, dtype: torch.dtype, causal: bool | None = None) -> Case:
     """Attention cases with >= 2 keys and 1-2 cut points splitting the keys into blocks
     (``params["key_cuts"]``, not an argument of the op)."""
-    # ALiBi's distance is to the call's own diagonal: a block call would measure it from
-    # another origin, so these split checks draw no ALiBi
+    # ALiBi's distance is to the call's own diagonal: a call on keys [a, b) measures it
+    # from Nk - b keys earlier than the full call, and the dropout mask's counter depends on
+    # Nq and Nk: neither split is a call of the same function, so these checks draw no
+    # ALiBi and no dropout (dropout_p stays 0)
     case = draw(op.cases(dtype, causal=causal, min_n=2, alibi=False))  # op.cases: inside the declared limits
     n_k = case.tensors["k"].shape[-2]
     # one or two cuts: two to three blocks (each block is one more kernel call, two when causal)
