@@ -269,8 +269,6 @@ def _forward_block(pb: _Problem, rows: slice, keep: torch.Tensor | None = None, 
     q, k = pb.q[..., rows, :], pb.k
     s, visible = attention_scores(q, k, pb.causal, pb.scale, pb.window, pb.alibi_slopes, pb.softcap, rows, pb.n_q)
     eps = attention_score_error(q, k, s, visible, pb.scale, p, pb.alibi_slopes, pb.softcap, rows, pb.n_q)
-    u_p, p_floor = _attention_parts(p)
-    tiny = float(torch.finfo(p.dtype).tiny)
     o, lse = pb.o[..., rows, :], pb.lse[..., rows]
     logp = _log_weights(s, visible)
     pr = torch.where(visible, torch.exp(logp), 0.0)
@@ -294,27 +292,10 @@ def _forward_block(pb: _Problem, rows: slice, keep: torch.Tensor | None = None, 
     # come out 0 (then z = 0 and the allowance inf); 1/n keeps the bound finite and true.
     z = torch.maximum(torch.maximum(torch.gather(pr, -1, jstar), 1.0 / n),
                       (pr * torch.exp(-big_e)).sum(-1, keepdim=True))
-    av, ao = pb.av, o.abs()
-    if keep is not None:
-        o_allowed = _dropout_o_allowed(pb, rows, keep & visible, c, pr, w, z, n, nb, ao)
-    pv = pr @ av
-    # |v_j - o| <= |v_j - c| + |o - c| for any centre c of each value column; the
-    # midrange of the column keeps both small when the values share a large offset
-    # (o is then close to every v_j, and perturbed weights move it little)
-    do_c = (o - pb.centre).abs()
-    w_sum = w.sum(-1, keepdim=True)
-    # both centres give a bound (c = 0: values spread around 0, where a midrange c
-    # drawn off 0 would loosen it): the smaller one holds
-    score_part = torch.minimum(w @ pb.dv_c + w_sum * do_c, w @ av + w_sum * ao) / z
-    # the weights' perturbation alone keeps o' a convex combination of the visible v_j
-    vdev = _visible_max(*pb.dv_c_max, rows, pb.n_q, pb.causal, pb.window)
-    score_part = torch.minimum(score_part, 2 * (vdev + do_c))
-    sub = (visible & (pr < 4 * tiny)).to(torch.float64)
-    rounding = u_p * pv + p_floor * (sub @ av) + (sum_error(n, p.compute) + 2 * nb * p.compute) * (pv + ao) \
-        + p.compute * ao + DOT_READ_FLOOR
-    vmax = _visible_max(*pb.av_max, rows, pb.n_q, pb.causal, pb.window)
     if keep is None:
-        o_allowed = torch.minimum(score_part + SAFETY * rounding, 2 * (vmax + ao)) + p.store * ao + attention_floor(p)
+        o_allowed = _plain_o_allowed(pb, rows, o, visible, pr, w, z, n, nb)
+    else:
+        o_allowed = _dropout_o_allowed(pb, rows, o, keep & visible, c, pr, w, z, n, nb)
 
     t = torch.where(visible, s + eps, float("-inf"))
     mt = t.amax(-1, keepdim=True)
@@ -334,9 +315,35 @@ def _forward_block(pb: _Problem, rows: slice, keep: torch.Tensor | None = None, 
     return _Block(rows, s, visible, eps, logp, pr, o_allowed, lse_allowed)
 
 
-def _dropout_o_allowed(pb: _Problem, rows: slice, kept, c: float, pr, w, z, n, nb, ao) -> torch.Tensor:
+def _plain_o_allowed(pb: _Problem, rows: slice, o, visible, pr, w, z, n, nb) -> torch.Tensor:
+    """The o part of :func:`attention`'s rule for a block of rows (derivation there)."""
+    p = pb.p
+    u_p, p_floor = _attention_parts(p)
+    tiny = float(torch.finfo(p.dtype).tiny)
+    av, ao = pb.av, o.abs()
+    pv = pr @ av
+    # |v_j - o| <= |v_j - c| + |o - c| for any centre c of each value column; the
+    # midrange of the column keeps both small when the values share a large offset
+    # (o is then close to every v_j, and perturbed weights move it little)
+    do_c = (o - pb.centre).abs()
+    w_sum = w.sum(-1, keepdim=True)
+    # both centres give a bound (c = 0: values spread around 0, where a midrange c
+    # drawn off 0 would loosen it): the smaller one holds
+    score_part = torch.minimum(w @ pb.dv_c + w_sum * do_c, w @ av + w_sum * ao) / z
+    # the weights' perturbation alone keeps o' a convex combination of the visible v_j
+    vdev = _visible_max(*pb.dv_c_max, rows, pb.n_q, pb.causal, pb.window)
+    score_part = torch.minimum(score_part, 2 * (vdev + do_c))
+    sub = (visible & (pr < 4 * tiny)).to(torch.float64)
+    rounding = u_p * pv + p_floor * (sub @ av) + (sum_error(n, p.compute) + 2 * nb * p.compute) * (pv + ao) \
+        + p.compute * ao + DOT_READ_FLOOR
+    vmax = _visible_max(*pb.av_max, rows, pb.n_q, pb.causal, pb.window)
+    return torch.minimum(score_part + SAFETY * rounding, 2 * (vmax + ao)) + p.store * ao + attention_floor(p)
+
+
+def _dropout_o_allowed(pb: _Problem, rows: slice, o, kept, c: float, pr, w, z, n, nb) -> torch.Tensor:
     """The o part of :func:`attention_dropout` for a block of rows (derivation there)."""
     p = pb.p
+    ao = o.abs()
     u_p, p_floor = _attention_parts(p)
     tiny = float(torch.finfo(p.dtype).tiny)
     pv = c * ((pr * kept) @ pb.av)
