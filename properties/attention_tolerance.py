@@ -347,7 +347,13 @@ def _dropout_o_allowed(pb: _Problem, rows: slice, o, kept, c: float, pr, w, z, n
     u_p, p_floor = _attention_parts(p)
     tiny = float(torch.finfo(p.dtype).tiny)
     pv = c * ((pr * kept) @ pb.av)
-    score_part = (c * ((w * kept) @ pb.av) + w.sum(-1, keepdim=True) * ao) / z
+    w_sum = w.sum(-1, keepdim=True)
+    score_part = (c * ((w * kept) @ pb.av) + w_sum * ao) / z
+    # centred at each value column's midrange c0 (the offset now only enters through the
+    # kept mass's change, |c0| sum_j w_j |c m_j - 1|): the smaller bound holds
+    off_mass = (w * (c * kept.to(torch.float64) - 1.0).abs()).sum(-1, keepdim=True)
+    centred = (c * ((w * kept) @ pb.dv_c) + off_mass * pb.centre.abs() + w_sum * (o - pb.centre).abs()) / z
+    score_part = torch.minimum(score_part, centred)
     sub = torch.where(kept & (pr < 4 * tiny), c, 0.0).to(torch.float64)
     rounding = u_p * pv + p_floor * (sub @ pb.av) + (sum_error(n, p.compute) + 2 * nb * p.compute) * (pv + ao) \
         + p.compute * ao + 2 * (p.compute + unit_roundoff(p.dtype)) * (pv + ao) + DOT_READ_FLOOR
@@ -543,8 +549,12 @@ def attention_dropout(q, k, v, o, lse, keep, dropout_p: float, causal: bool, sca
     bitwise twins). With sum_j m_j p_j v_j = o / c,
         o' - o = (c sum_j m_j p_j (e^{zeta_j} - 1) v_j - o sum_j p_j (e^{zeta_j} - 1)) / Z,
         |o' - o| <= (c sum_j m_j w_j |v_j| + |o| sum_j w_j) / z,   w_j = p_j (e^{E_j} - 1),
-    z <= Z as in attention. No centring of v: the kept weights do not sum to 1, so a common
-    offset of the values does not cancel. Cap: o' = c sum_j m_j p'_j v_j with p' a probability
+    z <= Z as in attention. Centred at c0, the midrange of each value column (v_j = c0 + d_j),
+    the same numerator is c sum_j m_j w'_j d_j + c0 sum_j w'_j (c m_j - 1) - (o - c0) sum_j w'_j
+    (w'_j = p_j (e^{zeta_j} - 1)): the kept weights do not sum to 1, so a common offset c0 does
+    not cancel, but it only enters through the kept mass's change, |c0| sum_j w_j |c m_j - 1|
+    (c - 1 for a kept key, 1 for a dropped one): about c m_j + 1 times less than |v_j| ~ |c0|
+    where the values share an offset. The smaller of the two bounds holds. Cap: o' = c sum_j m_j p'_j v_j with p' a probability
     vector, |o' - o| <= c max_visible |v_j| + |o| (twice that, as attention's cap).
     Roundings: attention's, with the kept sum pv = c sum_j m_j p_j |v_j| for sum_j p_j |v_j|
     (P rounded before P V and its subnormals, the sums of n terms and the per-block rescaling,
