@@ -232,6 +232,17 @@ _SDPA_MASKED_NAN = (
     "and NaN, in all three dtypes; the contract masks a key whatever it holds (naive_torch's masked_fill "
     "of the scores does). Seen where the drawn fill is NaN or inf"
 )
+_CPU_HALF_MATMUL_NAN_ROWS = (
+    "torch's CPU matmul in float16 and bfloat16 lets a NaN in one row of A reach other rows of A @ B "
+    "(A [64, 65] with one NaN row: every row of the product NaN; torch 2.13.0+cpu, MKL-DNN 3.12, AVX512; "
+    "float32 right; examples/torch_cpu/repro_half_matmul_nan_rows.py). Keys outside one row's band set to "
+    "NaN are inside other rows' bands, whose weights P are then NaN, and P @ V carries that NaN into the "
+    "row under test. Seen where the drawn fill is NaN and the CPU takes that path"
+)
+naive_torch.expected_failures = (
+    ExpectedFailure("window_outside_keys_ignored", _CPU_HALF_MATMUL_NAN_ROWS, dtypes=("float16", "bfloat16"),
+                    backends=("interpret",), strict=False),
+)
 sdpa.expected_failures = (
     ExpectedFailure("window_outside_keys_ignored", _SDPA_MASKED_NAN, strict=False),
     ExpectedFailure("empty_rows_zero", _CPU_FLASH_NAN, backends=("interpret",), strict=False),
