@@ -163,6 +163,11 @@ def _scale_into(t: torch.Tensor, size: float, limit: float) -> None:
         t.mul_(2.0 ** -math.ceil(math.log2(size / limit)))
 
 
+def _largest(t: torch.Tensor) -> float:
+    """The largest element of a non-negative tensor, 0 for an empty one."""
+    return float(t.max()) if t.numel() else 0.0
+
+
 class FeatureCase(Case):
     """A linear_attention case whose q and k are mapped to non-negative features and
     scaled into the domain (module docstring) when materialised."""
@@ -180,23 +185,22 @@ class FeatureCase(Case):
         _map_features(k, self.params.get("k_map", "abs"))
         dtype = q.dtype
         limit = min(float(torch.finfo(dtype).max), float(torch.finfo(torch.float32).max)) / DOMAIN_DIVISOR
-        k64 = to_numpy(k)
-        _scale_into(k, float(k64.sum(axis=2).max(initial=0.0)), limit)
-        k64 = to_numpy(k)
-        z = k64.sum(axis=2)
+        # the sizes below in fp64 on the tensors' device (the GPU's: no host round trip)
+        k64 = k.to(torch.float64)
+        _scale_into(k, _largest(k64.sum(dim=2)), limit)
+        z = k.to(torch.float64).sum(dim=2)
         # q and v themselves too: a 3-pass tf32 dot rounds an operand within 2^-11 of
         # fp32's max to inf (then 0 * inf = NaN through a causal mask; seen on an H100)
-        q64 = to_numpy(q)
-        q_size = np.einsum("bhnd,bhd->bhn", q64, z).max(initial=0.0)
-        _scale_into(q, float(max(q_size, q64.max(initial=0.0))), limit)
-        q64 = to_numpy(q)
-        va = np.abs(to_numpy(v))
-        p_abs = np.einsum("bhnd,bhne->bhde", k64, va)
-        m_abs = np.einsum("bhnd,bhde->bhne", q64, p_abs)
+        q64 = q.to(torch.float64)
+        _scale_into(q, max(_largest((q64 * z[:, :, None]).sum(-1)), _largest(q64)), limit)
+        q64, k64 = q.to(torch.float64), k.to(torch.float64)
+        va = v.to(torch.float64).abs()
+        p_abs = k64.transpose(-1, -2) @ va
+        m_abs = q64 @ p_abs
         # |o_i| <= M_i / eps (q . z_i >= 0): an output past the range is inf or NaN by the
         # order of the sums, which no rule can compare, so o stays finite as well
-        o_size = m_abs.max(initial=0.0) / self.params.get("eps", 1e-6)
-        _scale_into(v, float(max(p_abs.max(initial=0.0), m_abs.max(initial=0.0), o_size, va.max(initial=0.0))), limit)
+        o_size = _largest(m_abs) / self.params.get("eps", 1e-6)
+        _scale_into(v, max(_largest(p_abs), _largest(m_abs), o_size, _largest(va)), limit)
         if dtype == torch.bfloat16 and backend.current() == "interpret":
             # The interpreter converts bf16 subnormals to fp32 wrongly (1e-39 loads as
             # 4.4e-39, 9.2e-41 as 0; right on the GPU), which moves an output whose row
@@ -239,9 +243,8 @@ def linear_attention_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS)
                        specs, {"causal": causal, "eps": eps, **maps})
 
 
-def _allowed(values, o64: np.ndarray, causal: bool, p) -> np.ndarray:
-    return rules.linear_attention(to_numpy(values["q"]), to_numpy(values["k"]), to_numpy(values["v"]), o64,
-                                      causal, values["eps"], p)
+def _allowed(values, o64, causal: bool, p) -> np.ndarray:
+    return rules.linear_attention(values["q"], values["k"], values["v"], o64, causal, values["eps"], p)
 
 
 def la_matches_reference(case: Case, impl: Implementation) -> None:
@@ -318,7 +321,7 @@ def last_causal_equals_bidirectional(case: Case, impl: Implementation) -> None:
     _, causal = run(case, impl, {**values, "causal": True})
     _, bidir = run(case, impl, {**values, "causal": False})
     p = precision(impl, case)
-    o64 = ref.linear_attention(*(to_numpy(values[a]) for a in ("q", "k", "v")), causal=False, eps=values["eps"])
+    o64 = ref.linear_attention_torch(values["q"], values["k"], values["v"], causal=False, eps=values["eps"])
     allowed = _allowed(values, o64, False, p)[:, :, -1] + _allowed(values, o64, True, p)[:, :, -1]
     assert_close("o[:, :, -1]", causal["o"][:, :, -1], to_numpy(bidir["o"][:, :, -1]), allowed,
                  what="the last causal row differs from the last bidirectional row", record=False)
@@ -363,6 +366,7 @@ register(OpSpec(
     outputs=("o",),
     kernel="kernels.linear_attention:linear_attention",
     reference=ref.linear_attention,
+    torch_reference=ref.linear_attention_torch,
     cases=linear_attention_cases,
     tolerance=la_tolerance,
     checks=(

@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from properties import backend
 from properties.tolerance import DOT_READ_FLOOR, EXP_ULPS, SAFETY, Precision, sum_error, unit_roundoff
+from references.linear_attention import causal_state_reads
 
 
 def _la_half_subnormal(dtype: torch.dtype) -> float:
@@ -59,23 +61,13 @@ def elu_feature_map_grad(x: np.ndarray, dy: np.ndarray, dx: np.ndarray, p: Preci
         return SAFETY * rel * dxf + p.store * dxf + stored_y + p.floor
 
 
-def _la_causal_abs_numerator(q: np.ndarray, k: np.ndarray, va: np.ndarray, block: int = 128) -> np.ndarray:
-    """M_i = sum_{j <= i} (q_i . k_j) |v_j| = q_i . P_i with P_i = sum_{j <= i} k_j |v_j|^T,
-    the prefix sums formed a block of positions at a time (memory B H block D Dv)."""
-    B, H, N, _ = q.shape
-    out = np.empty((B, H, N, va.shape[-1]))
-    carry = np.zeros((B, H, q.shape[-1], va.shape[-1]))
-    for n0 in range(0, N, block):
-        sl = slice(n0, min(N, n0 + block))
-        prefix = np.cumsum(np.einsum("bhnd,bhne->bhnde", k[:, :, sl], va[:, :, sl]), axis=2) + carry[:, :, None]
-        out[:, :, sl] = np.einsum("bhnd,bhnde->bhne", q[:, :, sl], prefix)
-        carry = prefix[:, :, -1]
-    return out
+def _f64(x, device) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device=device, dtype=torch.float64)
+    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=device)
 
 
-
-def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, causal: bool,
-                     eps: float, p: Precision) -> np.ndarray:
+def linear_attention(q, k, v, o, causal: bool, eps: float, p: Precision) -> np.ndarray:
     """Allowed absolute error of o_i = (q_i S_i) / (q_i . z_i + eps) (S_i, z_i over j <= i
     when causal, over all j otherwise), q, k >= 0 and v of any sign, per element.
 
@@ -114,30 +106,34 @@ def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
 
     The quotient: |o err| <= num_err / d + |o| den_err / d + u |o|; then SAFETY, the
     store of o (u(dtype) |o|) and the underflow floor.
+
+    Evaluated in float64 torch on the suite's device (the GPU when there is one): the
+    causal M_i is an N D Dv computation (:func:`references.linear_attention.causal_state_reads`).
+    Arguments may be NumPy arrays or tensors; the result is NumPy.
     """
-    q, k, v, o = (np.asarray(a, dtype=np.float64) for a in (q, k, v, o))
+    q, k, v, o = (_f64(a, backend.device()) for a in (q, k, v, o))
     N, D = q.shape[-2], q.shape[-1]
-    va = np.abs(v)
+    va = v.abs()
     if causal:
-        m_abs = _la_causal_abs_numerator(q, k, va)
-        z = np.cumsum(k, axis=2)
-        n = np.arange(1, N + 1, dtype=np.float64)[None, None, :, None]
+        m_abs = causal_state_reads(q, k, va)
+        z = torch.cumsum(k, dim=2)
+        n = torch.arange(1, N + 1, dtype=torch.float64, device=q.device)[:, None]
     else:
-        m_abs = np.einsum("bhnd,bhde->bhne", q, np.einsum("bhnd,bhne->bhde", k, va))
-        z = np.broadcast_to(k.sum(axis=2, keepdims=True), k.shape)
-        n = np.float64(max(N, 1))
-    den = (np.einsum("bhnd,bhnd->bhn", q, z) + eps)[..., None]
-    q1 = q.sum(axis=-1, keepdims=True)
+        m_abs = q @ (k.transpose(-1, -2) @ va)
+        z = k.sum(dim=2, keepdim=True).expand(k.shape)
+        n = torch.tensor(float(max(N, 1)), dtype=torch.float64, device=q.device)
+    den = ((q * z).sum(-1) + eps)[..., None]
+    q1 = q.sum(dim=-1, keepdim=True)
     uc, ui, fl = p.compute, unit_roundoff(p.dtype), _la_half_subnormal(p.dtype)
-    e_sum = sum_error(n, uc) + sum_error(D, uc)
+    e_sum = sum_error(n, uc) + float(sum_error(D, uc))
     # operands misread by up to DOT_READ_FLOOR (see there): k v^T (or q k^T) products err
     # by F (|v| + |k|) summed over j, reading with q adds F (q1 + the read sums); the
     # factor 2 covers the causal kernel's two dots per term
-    v1 = np.cumsum(va, axis=2) if causal else np.broadcast_to(va.sum(axis=2, keepdims=True), va.shape)
-    k1 = z.sum(axis=-1, keepdims=True)
+    v1 = torch.cumsum(va, dim=2) if causal else va.sum(dim=2, keepdim=True).expand(va.shape)
+    k1 = z.sum(dim=-1, keepdim=True)
     reads = 2 * DOT_READ_FLOOR * (q1 + 1) * (v1 + k1 + 1)
     num_err = (e_sum + 2 * p.dot + 3 * ui) * m_abs + fl * (q1 * (n + 1) + 1 + v1) + reads
     den_err = (e_sum + p.dot + uc + 3 * ui) * den + fl * (q1 + 2) + DOT_READ_FLOOR * (q1 + k1)
-    oa = np.abs(np.where(np.isfinite(o), o, 0.0))
+    oa = torch.where(torch.isfinite(o), o, 0.0).abs()
     err = num_err / den + oa * den_err / den + uc * oa
-    return SAFETY * err + p.store * oa + p.floor
+    return (SAFETY * err + p.store * oa + p.floor).cpu().numpy()

@@ -80,3 +80,40 @@ def linear_attention(q, k, v, causal=False, eps=1e-6) -> np.ndarray:
     if causal:
         return linear_attention_causal_cumsum(q, k, v, eps)
     return linear_attention_bidirectional(q, k, v, eps)
+
+
+# --------------------------------------------------------------- fp64 PyTorch, on any device
+
+# elements of the [B, H, block, D, E] float64 outer products a causal read forms at once (128 MiB)
+STATE_BLOCK_ELEMENTS = 2**24
+
+
+def causal_state_reads(q: torch.Tensor, k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``q_i . sum_{j <= i} k_j x_j^T`` for every i ([B, H, N, E]) in q's dtype and device:
+    the causal cumsum form a block of positions at a time (the earlier blocks' state
+    carried), so memory stays STATE_BLOCK_ELEMENTS whatever N. An inf or NaN at position j
+    reaches positions i >= j only, as in :func:`linear_attention_causal_cumsum`."""
+    b, h, n, d = q.shape
+    e = x.shape[-1]
+    out = q.new_empty(b, h, n, e)
+    state = q.new_zeros(b, h, d, e)
+    block = max(1, STATE_BLOCK_ELEMENTS // max(1, b * h * d * e))
+    for n0 in range(0, n, block):
+        sl = slice(n0, min(n, n0 + block))
+        prefix = torch.cumsum(k[:, :, sl, :, None] * x[:, :, sl, None, :], dim=2) + state[:, :, None]
+        out[:, :, sl] = torch.einsum("bhnd,bhnde->bhne", q[:, :, sl], prefix)
+        state = prefix[:, :, -1]
+    return out
+
+
+def linear_attention_torch(q, k, v, causal=False, eps=1e-6) -> torch.Tensor:
+    """PyTorch float64 :func:`linear_attention` on the inputs' device (the GPU's fp64
+    reference: no host round trip for the N D Dv work of the causal form)."""
+    q, k, v = (t.to(torch.float64) for t in (q, k, v))
+    if causal:
+        num = causal_state_reads(q, k, v)
+        den = (q * torch.cumsum(k, dim=2)).sum(-1) + eps
+    else:
+        num = q @ (k.transpose(-1, -2) @ v)
+        den = (q * k.sum(dim=2, keepdim=True)).sum(-1) + eps
+    return num / den[..., None]
