@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -96,15 +97,22 @@ def to_numpy(t) -> np.ndarray:
     return np.asarray(t, dtype=np.float64)
 
 
-def _check_allowance(output: str, e: np.ndarray, allowed: np.ndarray, fin: np.ndarray, rule: str | None) -> None:
-    with np.errstate(invalid="ignore"):
-        bad = fin & ~(np.isfinite(allowed) & (allowed >= 0))
-    if bad.any():
-        first = tuple(int(i) for i in np.argwhere(bad)[0])
+def _f64(x, device) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device=device, dtype=torch.float64)
+    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=device)
+
+
+def _check_allowance(output: str, e: torch.Tensor, allowed: torch.Tensor, fin: torch.Tensor,
+                     rule: str | None) -> None:
+    bad = fin & ~(torch.isfinite(allowed) & (allowed >= 0))
+    if bool(bad.any()):
+        first = tuple(int(i) for i in bad.nonzero()[0])
         raise InvalidAllowance(
             f"suite bug: the allowance for output {output!r} from {rule or 'the rule of this check'} is "
-            f"{allowed[first]!r} at index {list(first)} (expected {e[first]!r}), in {int(bad.sum())} of "
-            f"{e.size} elements; an allowance must be a finite number >= 0 wherever the reference is finite")
+            f"{float(allowed[first])!r} at index {list(first)} (expected {float(e[first])!r}), in "
+            f"{int(bad.sum())} of {e.numel()} elements; an allowance must be a finite number >= 0 wherever "
+            "the reference is finite")
 
 
 def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.ndarray | float,
@@ -114,73 +122,85 @@ def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.nd
     NaN must match NaN and an infinity the same infinity exactly; finite expected
     values must be met by finite results within ``allowed``, which must be finite
     and >= 0 there (``rule`` names where it came from, for the error if it is not).
+
+    Computed in float64 torch on ``got``'s device (``expected`` and ``allowed``, NumPy
+    or tensors, are moved there): on a GPU the per-element work of a large output runs
+    there, and one transfer brings back the figures.
     """
     dtype = dtype or got.dtype
-    g = to_numpy(got)
-    e = np.asarray(expected, dtype=np.float64)
+    device = got.device if isinstance(got, torch.Tensor) else torch.device("cpu")
+    g, e = _f64(got, device), _f64(expected, device)
     if g.shape != e.shape:
         raise AssertionError(f"output {output!r} has shape {list(g.shape)}, the reference has {list(e.shape)}")
-    allowed = np.broadcast_to(np.asarray(allowed, dtype=np.float64), e.shape)
-    fin = np.isfinite(e)
+    try:
+        allowed = _f64(allowed, device).broadcast_to(e.shape)
+    except RuntimeError as exc:
+        raise ValueError(f"allowance for output {output!r} does not broadcast to {list(e.shape)}: {exc}") from None
+    fin = torch.isfinite(e)
     _check_allowance(output, e, allowed, fin, rule)
-    special = ~fin
-    same_special = (np.isnan(e) & np.isnan(g)) | (np.isinf(e) & (g == e))
-    mismatches = special & ~same_special
+    if e.numel() == 0:
+        return Comparison(output=output, dtype=dtype, numel=0, max_abs=0.0, max_rel=0.0, max_ulp=0.0, headroom=0.0,
+                          worst=None, expected=0.0, got=0.0, allowed=0.0, violations=0, special_mismatches=0,
+                          scale=0.0)
+    same_special = (torch.isnan(e) & torch.isnan(g)) | (torch.isinf(e) & (g == e))
+    mismatches = ~fin & ~same_special
     # An exact value past the dtype's largest finite number rounds to infinity: an
     # infinity of the right sign is then the correctly rounded result.
-    big = float(torch.finfo(dtype).max) if dtype.is_floating_point else np.inf
-    with np.errstate(invalid="ignore"):
-        overflow = fin & (np.abs(e) > big) & (g == np.sign(e) * np.inf)
-    nonfinite_got = fin & ~np.isfinite(g) & ~overflow
-    with np.errstate(invalid="ignore"):
-        err = np.where(fin & np.isfinite(g), np.abs(g - e), 0.0)
-    err = np.where(nonfinite_got, np.inf, err)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(fin, err / allowed, 0.0)
-    ratio = np.where(fin & (err == 0), 0.0, ratio)
-    scale = float(np.max(np.abs(e[fin]))) if fin.any() else 0.0
-    worst_flat = int(np.argmax(np.where(mismatches, np.inf, ratio))) if e.size else 0
-    worst = tuple(int(i) for i in np.unravel_index(worst_flat, e.shape)) if e.size else None
-    ulps = err / tolerance.ulp(e, dtype) if e.size and dtype.is_floating_point else np.zeros(e.shape)
+    big = float(torch.finfo(dtype).max) if dtype.is_floating_point else math.inf
+    overflow = fin & (e.abs() > big) & (g == torch.sign(e) * math.inf)
+    nonfinite_got = fin & ~torch.isfinite(g) & ~overflow
+    err = torch.where(fin & torch.isfinite(g), (g - e).abs(), 0.0)
+    err = torch.where(nonfinite_got, math.inf, err)
+    ratio = torch.where(fin & (err != 0), err / allowed, 0.0)
+    scale = torch.where(fin, e.abs(), 0.0).amax()
+    worst_flat = torch.where(mismatches, math.inf, ratio).flatten().argmax()
+    ulps = err / tolerance.ulp(e, dtype) if dtype.is_floating_point else torch.zeros_like(err)
     counted, vacuous = _vacuity(e, allowed, fin, dtype, scale)
+    # ~(ratio <= 1): a NaN ratio is a violation, never a pass
+    figures = torch.stack([err.amax(), torch.where(fin, ulps, 0.0).amax(), ratio.amax(), scale,
+                           worst_flat.double(), e.flatten()[worst_flat], g.flatten()[worst_flat],
+                           allowed.flatten()[worst_flat], (fin & ~(ratio <= 1)).sum().double(),
+                           mismatches.sum().double(), counted.double(), vacuous.double()]).tolist()
+    max_abs, max_ulp, headroom, scale, worst_flat, expected_w, got_w, allowed_w, violations, mismatched, counted, \
+        vacuous = figures
     return Comparison(
-        output=output, dtype=dtype, numel=int(e.size),
-        max_abs=float(err.max()) if e.size else 0.0,
-        max_rel=float(err.max() / scale) if e.size and scale > 0 else (0.0 if not e.size or err.max() == 0 else np.inf),
-        max_ulp=float(np.max(np.where(fin, ulps, 0.0))) if e.size else 0.0,
-        headroom=float(ratio.max()) if e.size else 0.0,
-        worst=worst,
-        expected=float(e.flat[worst_flat]) if e.size else 0.0,
-        got=float(g.flat[worst_flat]) if e.size else 0.0,
-        allowed=float(allowed.flat[worst_flat]) if e.size else 0.0,
-        # ~(ratio <= 1): a NaN ratio is a violation, never a pass
-        violations=int(np.sum(fin & ~(ratio <= 1))),
-        special_mismatches=int(mismatches.sum()),
+        output=output, dtype=dtype, numel=e.numel(),
+        max_abs=max_abs,
+        max_rel=max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf),
+        max_ulp=max_ulp,
+        headroom=headroom,
+        worst=tuple(int(i) for i in np.unravel_index(int(worst_flat), tuple(e.shape))),
+        expected=expected_w, got=got_w, allowed=allowed_w,
+        violations=int(violations),
+        special_mismatches=int(mismatched),
         scale=scale,
-        counted=counted,
-        vacuous=vacuous,
+        counted=int(counted),
+        vacuous=int(vacuous),
     )
 
 
 def allowance_mostly_vacuous(expected: np.ndarray, allowed: np.ndarray, dtype: torch.dtype) -> bool:
     """Whether ``allowed`` would accept 0 for most of the counted elements of ``expected``,
     before anything is compared: a check can discard such an example instead of running it."""
-    e = np.asarray(expected, dtype=np.float64)
-    fin = np.isfinite(e)
-    scale = float(np.max(np.abs(e[fin]))) if fin.any() else 0.0
-    counted, vacuous = _vacuity(e, np.broadcast_to(np.asarray(allowed, dtype=np.float64), e.shape), fin, dtype, scale)
+    device = expected.device if isinstance(expected, torch.Tensor) else torch.device("cpu")
+    e = _f64(expected, device)
+    fin = torch.isfinite(e)
+    scale = torch.where(fin, e.abs(), 0.0).amax() if e.numel() else torch.zeros((), dtype=torch.float64)
+    counted, vacuous = (int(n) for n in _vacuity(e, _f64(allowed, device).broadcast_to(e.shape), fin, dtype, scale))
     return 2 * vacuous > counted > 0
 
 
-def _vacuity(e: np.ndarray, allowed: np.ndarray, fin: np.ndarray, dtype: torch.dtype,
-             scale: float) -> tuple[int, int]:
-    """(counted, vacuous) elements, as the module docstring defines them."""
+def _vacuity(e: torch.Tensor, allowed: torch.Tensor, fin: torch.Tensor, dtype: torch.dtype,
+             scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(counted, vacuous) elements, as the module docstring defines them (0-d tensors)."""
     if not dtype.is_floating_point:
-        return 0, 0
-    threshold = max(FLOOR_MULTIPLE * tolerance.underflow_floor(dtype), tolerance.unit_roundoff(dtype) * scale)
-    mag = np.abs(np.where(fin, e, 0.0))
+        zero = torch.zeros((), dtype=torch.int64, device=e.device)
+        return zero, zero
+    threshold = torch.clamp(tolerance.unit_roundoff(dtype) * scale,
+                            min=FLOOR_MULTIPLE * tolerance.underflow_floor(dtype))
+    mag = torch.where(fin, e, 0.0).abs()
     counted = fin & (mag > threshold) & (mag > REFERENCE_RESOLUTION * allowed)
-    return int(counted.sum()), int(np.sum(counted & (allowed >= mag)))
+    return counted.sum(), (counted & (allowed >= mag)).sum()
 
 
 def failure_text(c: Comparison, what: str) -> str:

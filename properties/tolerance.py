@@ -119,16 +119,20 @@ class Precision:
 
 
 
-def ulp(values: np.ndarray, dtype: torch.dtype) -> np.ndarray:
-    """Spacing of ``dtype`` at each value (the subnormal spacing below the smallest normal)."""
+def ulp(values, dtype: torch.dtype):
+    """Spacing of ``dtype`` at each value (the subnormal spacing below the smallest normal);
+    ``values`` a NumPy array or a torch tensor (the result is of the same kind)."""
     info = torch.finfo(dtype)
     mant = {torch.float64: 52, torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[dtype]
+    if isinstance(values, torch.Tensor):
+        mag = values.to(torch.float64).abs().clamp(min=float(info.tiny))
+        mag = torch.where(torch.isfinite(mag), mag, float(info.max))
+        # frexp: mag = m 2^x with m in [0.5, 1), so floor(log2(mag)) = x - 1 exactly
+        return torch.exp2((torch.frexp(mag).exponent - 1 - mant).to(torch.float64))
     mag = np.maximum(np.abs(values), float(info.tiny))
     with np.errstate(divide="ignore", invalid="ignore"):
         exp = np.floor(np.log2(np.where(np.isfinite(mag), mag, float(info.max))))
     return np.exp2(exp - mant)
-
-
 
 
 TF32X3_DOT = 2.0**-21  # relative error per product of a 3-pass tf32 ("tf32x3") tl.dot
