@@ -1,33 +1,49 @@
 """Tolerance rules of the losses family: cross-entropy loss and its gradient.
 
 The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
-their sources) are in :mod:`properties.tolerance`."""
+their sources) are in :mod:`properties.tolerance`. The rules are evaluated in float64
+torch on the suite's device (the GPU when there is one: a [M, V] row of a 256k
+vocabulary is a few passes there); arguments may be NumPy arrays or tensors, results
+are NumPy."""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
 
+from properties import backend
 from properties.tolerance import EXP_ULPS, SAFETY, Precision, sum_error
 
 
-def _cross_entropy_parts(logits: np.ndarray):
-    """Per row of logits [M, V] (fp64): finite mask, max m over the finite entries (0 if
-    none), log S with S = sum_j exp(z_j - m) (>= 1 when a finite entry exists), lse,
+def _f64(x, device) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device=device, dtype=torch.float64)
+    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=device)
+
+
+def _targets(target, device) -> torch.Tensor:
+    if isinstance(target, torch.Tensor):
+        return target.detach().to(device=device, dtype=torch.int64)
+    return torch.as_tensor(np.asarray(target).astype(np.int64), device=device)
+
+
+def _cross_entropy_parts(logits: torch.Tensor):
+    """Per row of logits [M, V] (fp64 tensor): finite mask, max m over the finite entries
+    (0 if none), log S with S = sum_j exp(z_j - m) (>= 1 when a finite entry exists), lse,
     the number n of finite entries and spread = sum_j w_j |z_j - m| with the softmax
     weights w_j (a weighted mean of the exp arguments, at most log n + 1)."""
-    finite = np.isfinite(logits)
-    z = np.where(finite, logits, 0.0)
-    with np.errstate(invalid="ignore", over="ignore"):
-        m = np.max(np.where(finite, logits, -np.inf), axis=-1)
-        m = np.where(np.isfinite(m), m, 0.0)
-        d = np.where(finite, z - m[:, None], -np.inf)
-        e = np.exp(d)
-        s = e.sum(axis=-1)
-        live = s > 0
-        log_s = np.log(np.where(live, s, 1.0))
-        w = e / np.where(live, s, 1.0)[:, None]
-        spread = np.sum(np.where(finite, w * np.abs(np.where(finite, d, 0.0)), 0.0), axis=-1)
-    return finite, m, log_s, m + log_s, finite.sum(axis=-1), spread
+    finite = torch.isfinite(logits)
+    m = torch.where(finite, logits, -math.inf).amax(dim=-1)
+    m = torch.where(torch.isfinite(m), m, 0.0)
+    d = torch.where(finite, logits - m[:, None], -math.inf)
+    e = torch.exp(d)
+    s = e.sum(dim=-1)
+    live = s > 0
+    log_s = torch.log(torch.where(live, s, 1.0))
+    w = e / torch.where(live, s, 1.0)[:, None]
+    spread = torch.where(finite, w * torch.where(finite, d, 0.0).abs(), 0.0).sum(dim=-1)
+    return finite, m, log_s, m + log_s, finite.sum(dim=-1), spread
 
 
 def cross_entropy_lse_error(logits: np.ndarray, p: Precision) -> np.ndarray:
@@ -50,9 +66,13 @@ def cross_entropy_lse_error(logits: np.ndarray, p: Precision) -> np.ndarray:
       near S = 1); m + log S rounds: u |lse|; an implementation may instead form
       z_j - m for every j and add m back (log_softmax), u |m| more.
     """
-    _, m, log_s, lse, n, spread = _cross_entropy_parts(logits)
+    return _lse_error(_cross_entropy_parts(_f64(logits, backend.device())), p).cpu().numpy()
+
+
+def _lse_error(parts, p: Precision) -> torch.Tensor:
+    _, m, log_s, lse, n, spread = parts
     u = p.compute
-    return SAFETY * (u * (2 * spread + EXP_ULPS + (EXP_ULPS + 1) * (log_s + 1) + np.abs(m) + np.abs(lse))
+    return SAFETY * (u * (2 * spread + EXP_ULPS + (EXP_ULPS + 1) * (log_s + 1) + m.abs() + lse.abs())
                      + (EXP_ULPS + 2) * sum_error(n, u))
 
 
@@ -66,17 +86,18 @@ def cross_entropy(logits: np.ndarray, target: np.ndarray, ignore_index: int, los
     dtype, so the input dtype's unit roundoff never enters. Ignored rows must be
     exactly 0: allowance 0. A target on a -inf logit gives +inf (compared exactly).
     """
-    target = np.asarray(target).astype(np.int64)
-    _, m, _, _, _, _ = _cross_entropy_parts(logits)
-    rows = np.arange(logits.shape[0])
+    device = backend.device()
+    logits, target, loss = _f64(logits, device), _targets(target, device), _f64(loss, device)
+    parts = _cross_entropy_parts(logits)
+    m = parts[1]
     ignored = target == ignore_index
-    x_t = logits[rows, np.where(ignored, 0, target)]
-    x_t = np.where(np.isfinite(x_t), x_t, 0.0)
-    lf = np.where(np.isfinite(loss), loss, 0.0)
+    x_t = logits.gather(1, torch.where(ignored, 0, target)[:, None])[:, 0]
+    x_t = torch.where(torch.isfinite(x_t), x_t, 0.0)
+    lf = torch.where(torch.isfinite(loss), loss, 0.0)
     u = p.compute
-    allowed = (cross_entropy_lse_error(logits, p) + SAFETY * u * (np.abs(x_t) + np.abs(m) + np.abs(lf))
+    allowed = (_lse_error(parts, p) + SAFETY * u * (x_t.abs() + m.abs() + lf.abs())
                + float(torch.finfo(torch.float32).tiny))
-    return np.where(ignored, 0.0, allowed)
+    return torch.where(ignored, 0.0, allowed).cpu().numpy()
 
 
 def cross_entropy_grad(logits: np.ndarray, target: np.ndarray, ignore_index: int, dloss: np.ndarray,
@@ -105,22 +126,25 @@ def cross_entropy_grad(logits: np.ndarray, target: np.ndarray, ignore_index: int
     the exponent, which for small p is 2 store |log p| relative (p = 0.0019 in
     float16: 6.1 u of dx), a strategy the old rule missed.
     """
-    target = np.asarray(target).astype(np.int64)
-    finite, _, _, lse, _, _ = _cross_entropy_parts(logits)
-    rows = np.arange(logits.shape[0])
+    device = backend.device()
+    logits, target = _f64(logits, device), _targets(target, device)
+    parts = _cross_entropy_parts(logits)
+    finite, lse = parts[0], parts[3]
     ignored = target == ignore_index
-    onehot = np.zeros_like(logits)
-    onehot[rows[~ignored], target[~ignored]] = 1.0
+    # elementwise, not an index assignment (CUDA's deterministic index_put_ misplaced rows
+    # once in this suite: docs/third-party/torch.md)
+    cols = torch.arange(logits.shape[-1], device=device)
+    onehot = ((cols[None, :] == target[:, None]) & ~ignored[:, None]).to(torch.float64)
     u = p.compute
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        arg = np.where(finite, logits - lse[:, None], -np.inf)
-        e = (cross_entropy_lse_error(logits, p)[:, None]
-             + SAFETY * u * (2 * np.abs(np.where(finite, arg, 0.0)) + EXP_ULPS)
-             + 2 * p.store * np.abs(np.where(finite, arg, 0.0)))  # log p kept in the logits' dtype
-        p_err = np.minimum(1.0, np.exp(arg + e)) * -np.expm1(-e)
-        g = np.exp(arg) - onehot
-    dl = np.abs(np.asarray(dloss, dtype=np.float64))[:, None]
-    dx = np.where(np.isfinite(dlogits), np.abs(dlogits), 0.0)
-    stored_g = p.store * np.abs(g) + p.floor  # the gradient kept in the logits' dtype
-    allowed = dl * (p_err + SAFETY * u * np.abs(g) + stored_g) + SAFETY * u * dx + p.store * dx + p.floor
-    return np.where(ignored[:, None], 0.0, allowed)
+    arg = torch.where(finite, logits - lse[:, None], -math.inf)
+    a_arg = torch.where(finite, arg, 0.0).abs()
+    e = (_lse_error(parts, p)[:, None] + SAFETY * u * (2 * a_arg + EXP_ULPS)
+         + 2 * p.store * a_arg)  # log p kept in the logits' dtype
+    p_err = torch.clamp(torch.exp(arg + e), max=1.0) * -torch.expm1(-e)
+    g = torch.exp(arg) - onehot
+    dl = _f64(dloss, device).abs()[:, None]
+    dlogits = _f64(dlogits, device)
+    dx = torch.where(torch.isfinite(dlogits), dlogits.abs(), 0.0)
+    stored_g = p.store * g.abs() + p.floor  # the gradient kept in the logits' dtype
+    allowed = dl * (p_err + SAFETY * u * g.abs() + stored_g) + SAFETY * u * dx + p.store * dx + p.floor
+    return torch.where(ignored[:, None], 0.0, allowed).cpu().numpy()

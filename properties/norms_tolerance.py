@@ -1,26 +1,42 @@
 """Tolerance rules of the norms family: layer norm (and its gradients) and dropout + residual + layer norm.
 
 The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
-their sources) are in :mod:`properties.tolerance`."""
+their sources) are in :mod:`properties.tolerance`. The rules are evaluated in float64
+torch on the suite's device (the GPU when there is one); arguments may be NumPy arrays
+or tensors, results are NumPy (:func:`layer_norm_xhat`, a piece, returns tensors)."""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
 
+from properties import backend
 from properties.tolerance import EXP_ULPS, SAFETY, SUM_LAMBDA, Precision, sum_error, unit_roundoff
 
 
-def _layer_norm_stats(h: np.ndarray, eps: float):
+def _f64(x) -> torch.Tensor:
+    """x (NumPy, tensor or number) in float64 on the suite's device."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device=backend.device(), dtype=torch.float64)
+    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=backend.device())
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.cpu().numpy()
+
+
+def _layer_norm_stats(h: torch.Tensor, eps: float):
     """fp64 row statistics: n, mean, centred values, variance, rstd, x_hat."""
     n = h.shape[-1]
-    mu = h.mean(axis=-1, keepdims=True)
+    mu = h.mean(dim=-1, keepdim=True)
     d = h - mu
-    var = (d * d).mean(axis=-1, keepdims=True)
-    r = 1.0 / np.sqrt(var + eps)
+    var = (d * d).mean(dim=-1, keepdim=True)
+    r = 1.0 / torch.sqrt(var + eps)
     return n, mu, d, var, r, d * r
 
 
-def layer_norm_xhat(h: np.ndarray, eps: float, p: Precision, input_err: np.ndarray | None = None):
+def layer_norm_xhat(h, eps: float, p: Precision, input_err=None):
     """Bounds on the normalised row x_hat = (h - mean) * rstd as an implementation
     computes it: ``(eta, eps_r, r, x_hat)``, eta the absolute error of each x_hat,
     eps_r the relative error of rstd (first order, before SAFETY).
@@ -55,20 +71,20 @@ def layer_norm_xhat(h: np.ndarray, eps: float, p: Precision, input_err: np.ndarr
     * x_hat = (h - mean) * rstd: eta = rstd * (error of h - mean + p.floor) + |x_hat| (eps_r + u).
     """
     u = p.compute
+    h = _f64(h)
     n, mu, d, var, r, xhat = _layer_norm_stats(h, eps)
-    e = np.zeros_like(h) if input_err is None else input_err
-    ebar = e.mean(axis=-1, keepdims=True)
-    a_mean = np.abs(h).mean(axis=-1, keepdims=True)
-    delta_mu = (sum_error(n, u) + u) * a_mean
-    centred = delta_mu + u * (np.abs(d) + np.abs(h) + np.abs(mu)) + e + ebar
-    dvar = var * (3 * u + sum_error(n, u)) + delta_mu**2 + 2 * np.mean(np.abs(d) * (e + ebar), axis=-1, keepdims=True)
+    e = torch.zeros_like(h) if input_err is None else _f64(input_err)
+    ebar = e.mean(dim=-1, keepdim=True)
+    a_mean = h.abs().mean(dim=-1, keepdim=True)
+    delta_mu = (float(sum_error(n, u)) + u) * a_mean
+    centred = delta_mu + u * (d.abs() + h.abs() + mu.abs()) + e + ebar
+    dvar = var * (3 * u + float(sum_error(n, u))) + delta_mu**2 + 2 * (d.abs() * (e + ebar)).mean(dim=-1, keepdim=True)
     eps_r = 0.5 * dvar * r * r + (2 + EXP_ULPS) * u
-    eta = r * (centred + p.floor) + np.abs(xhat) * (eps_r + u)
+    eta = r * (centred + p.floor) + xhat.abs() * (eps_r + u)
     return eta, eps_r, r, xhat
 
 
-def layer_norm(h: np.ndarray, weight: np.ndarray, bias: np.ndarray, y: np.ndarray, eps: float,
-               p: Precision, input_err: np.ndarray | None = None) -> np.ndarray:
+def layer_norm(h, weight, bias, y, eps: float, p: Precision, input_err=None) -> np.ndarray:
     """Allowed absolute error of y = x_hat * weight + bias (layer norm over the last dim).
 
     The x_hat bound of :func:`layer_norm_xhat` times |weight|; the product and the add
@@ -76,13 +92,12 @@ def layer_norm(h: np.ndarray, weight: np.ndarray, bias: np.ndarray, y: np.ndarra
     a result near underflow p.floor.
     """
     eta, _, _, xhat = layer_norm_xhat(h, eps, p, input_err)
-    aw = np.abs(weight)
-    bound = aw * eta + p.compute * (np.abs(xhat) * aw + np.abs(y))
-    return SAFETY * bound + p.store * np.abs(y) + p.floor
+    aw, ay = _f64(weight).abs(), _f64(y).abs()
+    bound = aw * eta + p.compute * (xhat.abs() * aw + ay)
+    return _numpy(SAFETY * bound + p.store * ay + p.floor)
 
 
-def layer_norm_grad(x: np.ndarray, weight: np.ndarray, dy: np.ndarray, dx: np.ndarray, dweight: np.ndarray,
-                    dbias: np.ndarray, eps: float, p: Precision) -> dict[str, np.ndarray]:
+def layer_norm_grad(x, weight, dy, dx, dweight, dbias, eps: float, p: Precision) -> dict[str, np.ndarray]:
     """Allowed absolute errors of the layer-norm gradients, keys dx, dweight, dbias.
 
     With g = weight * dy, c1 = mean(g x_hat), c2 = mean(g) over each row::
@@ -138,25 +153,26 @@ def layer_norm_grad(x: np.ndarray, weight: np.ndarray, dy: np.ndarray, dx: np.nd
     that too reached |dweight| at a few hundred bf16 rows.
     """
     u = p.compute
+    x, weight, dy, dx, dweight, dbias = (_f64(t) for t in (x, weight, dy, dx, dweight, dbias))
     eta, eps_r, r, xhat = layer_norm_xhat(x, eps, p)
     # The saved statistics may be held in the input dtype (torch's CPU kernel returns
     # and reuses mean and rstd in fp16/bf16): mean off by u(out) |mean|, rstd by u(out).
     # A statistic below the dtype's smallest normal number (fp16 rstd of a row with
     # std > 1.6e4) rounds to the subnormal spacing instead: an absolute error `sub`.
-    mu = x.mean(axis=-1, keepdims=True)
+    mu = x.mean(dim=-1, keepdim=True)
     sub = float(torch.finfo(p.dtype).tiny) * float(torch.finfo(p.dtype).eps)
-    eta = eta + sub * (r + np.abs(xhat) / r)
-    saved = p.store * (r * np.abs(mu) + np.abs(xhat))  # from statistics saved in the input dtype
+    eta = eta + sub * (r + xhat.abs() / r)
+    saved = p.store * (r * mu.abs() + xhat.abs())  # from statistics saved in the input dtype
     eta_fp32, eta = eta, eta + saved
     eps_r = eps_r + p.store + sub / r
     n = x.shape[-1]
     g = weight * dy
-    ag = np.abs(g)
-    c1 = np.mean(g * xhat, axis=-1, keepdims=True)
-    c2 = np.mean(g, axis=-1, keepdims=True)
-    dc2 = (sum_error(n, u) + 2 * u) * np.mean(ag, axis=-1, keepdims=True)
-    dc1 = np.mean(ag * eta, axis=-1, keepdims=True) + (sum_error(n, u) + 3 * u) * np.mean(
-        np.abs(g * xhat), axis=-1, keepdims=True)
+    ag = g.abs()
+    c1 = (g * xhat).mean(dim=-1, keepdim=True)
+    c2 = g.mean(dim=-1, keepdim=True)
+    e_n = float(sum_error(n, u))
+    dc2 = (e_n + 2 * u) * ag.mean(dim=-1, keepdim=True)
+    dc1 = (ag * eta).mean(dim=-1, keepdim=True) + (e_n + 3 * u) * (g * xhat).abs().mean(dim=-1, keepdim=True)
     t = g - c2 - xhat * c1
     # Why the old rule was wrong: it had |x_hat| dc1 without eta dc1, first order in the
     # x_hat error, and left the second-order term to SAFETY. On a constant row (x_hat = 0,
@@ -165,15 +181,15 @@ def layer_norm_grad(x: np.ndarray, weight: np.ndarray, dy: np.ndarray, dx: np.nd
     # not correctly rounded: Liger-Kernel and PyTorch's CUDA layer norm, seen on an H100)
     # makes every x_hat -0.019 at mean 1000 and dx = -rstd x_hat^2 g = -0.118 g: the rule
     # allowed 0.0043 against 0.44 (docs/third-party/liger.md, finding 8).
-    dt = u * ag + dc2 + eta * np.abs(c1) + (np.abs(xhat) + eta) * dc1 + 2 * u * (ag + np.abs(c2) + np.abs(xhat * c1))
+    dt = u * ag + dc2 + eta * c1.abs() + (xhat.abs() + eta) * dc1 + 2 * u * (ag + c2.abs() + (xhat * c1).abs())
     # The expanded form's coefficient b ~ rstd^3 sum(w dy x) / N underflows into fp32
     # subnormals for rows of std > ~1e12 (rstd^3 < 1e-38): an absolute error of the
     # fp32 subnormal spacing in b, which multiplies x (and mean, in c).
     sub32 = float(torch.finfo(torch.float32).tiny) * float(torch.finfo(torch.float32).eps)
-    dx_bound = r * dt + (eps_r + u) * r * np.abs(t) + sub32 * (np.abs(x) + np.abs(mu))
-    rows = int(np.prod(x.shape[:-1]))
-    flat = lambda a: np.broadcast_to(a, x.shape).reshape(rows, n)  # noqa: E731
-    ady = np.abs(flat(dy))
+    dx_bound = r * dt + (eps_r + u) * r * t.abs() + sub32 * (x.abs() + mu.abs())
+    rows = math.prod(x.shape[:-1])
+    flat = lambda a: a.expand(x.shape).reshape(rows, n)  # noqa: E731
+    ady = flat(dy).abs()
     # The sums over rows: in fp32, or in the input dtype while that stays checkable (docstring).
     u_in = unit_roundoff(p.dtype)
     in_dtype = max(rows * u_in, float(sum_error(rows, u_in)))
@@ -186,20 +202,19 @@ def layer_norm_grad(x: np.ndarray, weight: np.ndarray, dy: np.ndarray, dx: np.nd
     # every row alike (p.store |sum dy x_hat| + p.store |sum dy rstd mean|); what is left
     # is a sum of independent errors, at most SUM_LAMBDA sqrt(sum t^2) (as sum_error).
     t_saved = ady * flat(saved)
-    saved_rows = (np.minimum(np.sum(t_saved, axis=0), SUM_LAMBDA * np.sqrt(np.sum(t_saved**2, axis=0)))
-                  + p.store * (np.abs(np.sum(flat(dy * xhat), axis=0)) + np.abs(np.sum(flat(dy * r * mu), axis=0))))
-    dw_bound = (np.sum(ady * (flat(eta_fp32) + u * np.abs(flat(xhat))), axis=0) + saved_rows
-                + r_rows * np.sum(np.abs(flat(dy * xhat)), axis=0))
-    db_bound = r_rows * np.sum(ady, axis=0)
+    saved_rows = (torch.minimum(t_saved.sum(0), SUM_LAMBDA * torch.sqrt((t_saved**2).sum(0)))
+                  + p.store * (flat(dy * xhat).sum(0).abs() + flat(dy * r * mu).sum(0).abs()))
+    dw_bound = ((ady * (flat(eta_fp32) + u * flat(xhat).abs())).sum(0) + saved_rows
+                + r_rows * flat(dy * xhat).abs().sum(0))
+    db_bound = r_rows * ady.sum(0)
     return {
-        "dx": SAFETY * dx_bound + p.store * np.abs(dx) + p.floor * (1 + r * np.abs(weight)),
-        "dweight": SAFETY * dw_bound + p.store * np.abs(dweight) + rows_floor,
-        "dbias": SAFETY * db_bound + p.store * np.abs(dbias) + rows_floor,
+        "dx": _numpy(SAFETY * dx_bound + p.store * dx.abs() + p.floor * (1 + r * weight.abs())),
+        "dweight": _numpy(SAFETY * dw_bound + p.store * dweight.abs() + rows_floor),
+        "dbias": _numpy(SAFETY * db_bound + p.store * dbias.abs() + rows_floor),
     }
 
 
-def dropout_input_error(x: np.ndarray, residual: np.ndarray, keep: np.ndarray, p_drop: float,
-                        p: Precision) -> np.ndarray:
+def dropout_input_error(x, residual, keep, p_drop: float, p: Precision) -> torch.Tensor:
     """Error bound of h = where(keep, x / (1 - p_drop), 0) + residual as formed before
     the normalisation: the contract does not say where h rounds, and the plain torch
     form rounds x / (1 - p) and the sum in the input dtype (u(dtype) (|x / (1-p)| + |h|));
@@ -207,6 +222,9 @@ def dropout_input_error(x: np.ndarray, residual: np.ndarray, keep: np.ndarray, p
     (2 u(fp32) |x / (1-p)| + u(fp32) |h|). Both are covered by the larger of each term.
     """
     u_in = unit_roundoff(p.dtype)
-    scaled = np.where(keep, np.abs(x) / (1.0 - p_drop), 0.0)
-    h = np.where(keep, x / (1.0 - p_drop), 0.0) + residual
-    return (u_in + 2 * p.compute) * scaled + max(u_in, p.compute) * np.abs(h)
+    x, residual = _f64(x), _f64(residual)
+    keep = torch.as_tensor(np.asarray(keep) if not isinstance(keep, torch.Tensor) else keep,
+                           device=x.device).to(torch.bool)
+    scaled = torch.where(keep, x.abs() / (1.0 - p_drop), 0.0)
+    h = torch.where(keep, x / (1.0 - p_drop), 0.0) + residual
+    return (u_in + 2 * p.compute) * scaled + max(u_in, p.compute) * h.abs()

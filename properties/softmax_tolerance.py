@@ -1,16 +1,33 @@
 """Tolerance rules of the softmax family: softmax, its gradient, and the row sum of its output.
 
 The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
-their sources) are in :mod:`properties.tolerance`."""
+their sources) are in :mod:`properties.tolerance`. The rules are evaluated in float64
+torch on the suite's device (the GPU when there is one); arguments may be NumPy arrays
+or tensors, results are NumPy (:func:`softmax_exponent_error` and
+:func:`softmax_allowance`, the pieces, return tensors)."""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
 
+from properties import backend
 from properties.tolerance import EXP_ULPS, SAFETY, Precision, sum_error, unit_roundoff
 
 
-def softmax_exponent_error(x: np.ndarray, temperature: float, p: Precision) -> tuple[np.ndarray, np.ndarray]:
+def _f64(x) -> torch.Tensor:
+    """x (NumPy or tensor) in float64 on the suite's device."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device=backend.device(), dtype=torch.float64)
+    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=backend.device())
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.cpu().numpy()
+
+
+def softmax_exponent_error(x, temperature: float, p: Precision) -> tuple[torch.Tensor, torch.Tensor]:
     """Bound E_i on the error of log y_i, and the exact log y_i, for y = softmax(x / T).
 
     log y_i = (z_i - m) - log s, z = x / T, m = max_j z_j, s = sum_j e^{z_j - m}. The
@@ -48,29 +65,27 @@ def softmax_exponent_error(x: np.ndarray, temperature: float, p: Precision) -> t
     for an expected 1). The normaliser now weighs each element's own error by its
     weight y_j, so a dominant max element contributes only its own small error.
     """
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        z = x / temperature
-        finite = np.isfinite(z)
-        zf = np.where(finite, z, 0.0)
-        m = np.max(np.where(finite, z, -np.inf), axis=-1, keepdims=True)
-        m = np.where(np.isfinite(m), m, 0.0)
-        d = zf - m
-        log_y = np.where(finite, d, -np.inf) - np.log(np.sum(np.where(finite, np.exp(d), 0.0),
-                                                             axis=-1, keepdims=True))
-        n = finite.sum(axis=-1, keepdims=True)
-        u_div = unit_roundoff(p.dtype) if temperature != 1 else 0.0
-        not_max = finite & (zf != m)
-        own = SAFETY * (np.where(not_max, u_div * (np.abs(zf) + np.abs(m)), 0.0)
-                        + p.compute * (2 * np.abs(d) + EXP_ULPS))
-        own = np.where(finite, own, 0.0)
-        # y_j (e^{o_j} - 1), without 0 * inf for entries whose weight underflows
-        grow = np.where(own < 50, np.exp(log_y) * np.expm1(np.minimum(own, 50.0)), np.exp(log_y + own))
-        normaliser = np.log1p(np.sum(np.where(finite, grow, 0.0), axis=-1, keepdims=True))
+    z = _f64(x) / temperature
+    finite = torch.isfinite(z)
+    zf = torch.where(finite, z, 0.0)
+    m = torch.where(finite, z, -math.inf).amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, 0.0)
+    d = zf - m
+    log_y = torch.where(finite, d, -math.inf) - torch.log(torch.where(finite, torch.exp(d), 0.0)
+                                                          .sum(dim=-1, keepdim=True))
+    n = finite.sum(dim=-1, keepdim=True)
+    u_div = unit_roundoff(p.dtype) if temperature != 1 else 0.0
+    not_max = finite & (zf != m)
+    own = SAFETY * (torch.where(not_max, u_div * (zf.abs() + m.abs()), 0.0) + p.compute * (2 * d.abs() + EXP_ULPS))
+    own = torch.where(finite, own, 0.0)
+    # y_j (e^{o_j} - 1), without 0 * inf for entries whose weight underflows
+    grow = torch.where(own < 50, torch.exp(log_y) * torch.expm1(own.clamp(max=50.0)), torch.exp(log_y + own))
+    normaliser = torch.log1p(torch.where(finite, grow, 0.0).sum(dim=-1, keepdim=True))
     err = own + normaliser + SAFETY * (p.compute + sum_error(n, p.compute))
     return err, log_y
 
 
-def softmax_allowance(x: np.ndarray, temperature: float, p: Precision) -> np.ndarray:
+def softmax_allowance(x, temperature: float, p: Precision) -> torch.Tensor:
     """Error of y_i from its exponent error E_i, before the final store.
 
     An error of at most E in log y_i moves y_i = e^{log y_i} by at most
@@ -83,18 +98,20 @@ def softmax_allowance(x: np.ndarray, temperature: float, p: Precision) -> np.nda
     # x / T near the dtype's max can move the normaliser without bound (bf16, T = 0.5,
     # |x| ~ 1e38), and e^{-inf + inf} was NaN there: an invalid allowance, found by the
     # gpu profile at 200 examples.
-    with np.errstate(over="ignore", invalid="ignore"):
-        grown = np.where(np.isneginf(log_y), 0.0, np.exp(log_y + err))
-        return np.minimum(1.0, grown) * -np.expm1(-err)
+    grown = torch.where(torch.isneginf(log_y), 0.0, torch.exp(log_y + err))
+    return grown.clamp(max=1.0) * -torch.expm1(-err)
 
 
-def softmax(x: np.ndarray, y: np.ndarray, temperature: float, p: Precision) -> np.ndarray:
+def softmax(x, y, temperature: float, p: Precision) -> np.ndarray:
     """Allowed absolute error of each softmax output: the exponent error, the store."""
-    return softmax_allowance(x, temperature, p) + p.store * np.abs(y) + p.floor
+    return _numpy(_softmax(x, y, temperature, p))
 
 
-def softmax_grad(x: np.ndarray, y: np.ndarray, dy: np.ndarray, dx: np.ndarray,
-                 temperature: float, p: Precision) -> np.ndarray:
+def _softmax(x, y, temperature: float, p: Precision) -> torch.Tensor:
+    return softmax_allowance(x, temperature, p) + p.store * _f64(y).abs() + p.floor
+
+
+def softmax_grad(x, y, dy, dx, temperature: float, p: Precision) -> np.ndarray:
     """Allowed absolute error of dx = y * (dy - <dy, y>) / T.
 
     The backward reads the saved output y, already off by a_j = the forward
@@ -108,16 +125,17 @@ def softmax_grad(x: np.ndarray, y: np.ndarray, dy: np.ndarray, dx: np.ndarray,
     rounds once more (half a spacing), so the floor is max(1, 1/T) spacings (seen on an
     H100: torch.softmax(x / 0.5) in fp16, 2 subnormal spacings off an exact -2.2e-8).
     """
-    a = softmax(x, y, temperature, p)
-    n = np.isfinite(x).sum(axis=-1, keepdims=True)
-    inner = np.sum(dy * y, axis=-1, keepdims=True)
-    inner_err = np.sum(np.abs(dy) * a + np.abs(dy * y) * sum_error(n, p.compute), axis=-1, keepdims=True)
-    bound = (a * (np.abs(dy - inner) + inner_err) + np.abs(y) * inner_err) / temperature
-    return SAFETY * bound + 2 * p.store * np.abs(dx) + p.floor * max(1.0, 1.0 / temperature)
+    x, y, dy, dx = (_f64(t) for t in (x, y, dy, dx))
+    a = _softmax(x, y, temperature, p)
+    n = torch.isfinite(x).sum(dim=-1, keepdim=True)
+    inner = (dy * y).sum(dim=-1, keepdim=True)
+    inner_err = (dy.abs() * a + (dy * y).abs() * sum_error(n, p.compute)).sum(dim=-1, keepdim=True)
+    bound = (a * ((dy - inner).abs() + inner_err) + y.abs() * inner_err) / temperature
+    return _numpy(SAFETY * bound + 2 * p.store * dx.abs() + p.floor * max(1.0, 1.0 / temperature))
 
 
 
-def softmax_row_sum(x: np.ndarray, y: np.ndarray, temperature: float, p: Precision) -> np.ndarray:
+def softmax_row_sum(x, y, temperature: float, p: Precision) -> np.ndarray:
     """Allowed deviation of each row sum of a softmax output y from 1, derived for the
     sum itself (not the sum of the elements' allowances).
 
@@ -144,14 +162,14 @@ def softmax_row_sum(x: np.ndarray, y: np.ndarray, temperature: float, p: Precisi
     ``y`` is the implementation's own output (its weights, clipped to [0, 1]), so the
     allowance needs no reference. -inf entries contribute exactly 0 and drop out of n.
     """
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        z = x / temperature
-        finite = np.isfinite(z)
-        m = np.max(np.where(finite, z, -np.inf), axis=-1, keepdims=True)
-        gap = np.where(finite & np.isfinite(m), m - z, 0.0)
-    w = np.clip(np.where(np.isfinite(y), y, 0.0), 0.0, 1.0)
-    n = finite.sum(axis=-1)
-    numerator = p.compute * (2 * EXP_ULPS + 1 + 2 * np.sum(w * gap, axis=-1))
+    x, y = _f64(x), _f64(y)
+    z = x / temperature
+    finite = torch.isfinite(z)
+    m = torch.where(finite, z, -math.inf).amax(dim=-1, keepdim=True)
+    gap = torch.where(finite & torch.isfinite(m), m - z, 0.0)
+    w = torch.where(torch.isfinite(y), y, 0.0).clamp(0.0, 1.0)
+    n = finite.sum(dim=-1)
+    numerator = p.compute * (2 * EXP_ULPS + 1 + 2 * (w * gap).sum(dim=-1))
     tiny = float(torch.finfo(p.dtype).tiny)
-    store = p.store * np.sum(w, axis=-1) + p.floor * np.sum(finite & (w < tiny), axis=-1)
-    return SAFETY * (sum_error(n, p.compute) + numerator) + store + x.shape[-1] * unit_roundoff(torch.float64)
+    store = p.store * w.sum(dim=-1) + p.floor * (finite & (w < tiny)).sum(dim=-1)
+    return _numpy(SAFETY * (sum_error(n, p.compute) + numerator) + store + x.shape[-1] * unit_roundoff(torch.float64))
