@@ -1,13 +1,32 @@
 """Tolerance rules of the elementwise family: rope (and its pair norms) and swiglu, with gradients.
 
 The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
-their sources) are in :mod:`properties.tolerance`."""
+their sources) are in :mod:`properties.tolerance`. The rules are evaluated in float64
+torch on the suite's device (the GPU when there is one); arguments may be NumPy arrays
+or tensors, results are NumPy."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from properties import backend
 from properties.tolerance import EXP_ULPS, SAFETY, Precision, unit_roundoff
+
+
+def _f64(x) -> torch.Tensor:
+    """x (NumPy or tensor) in float64 on the suite's device."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device=backend.device(), dtype=torch.float64)
+    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=backend.device())
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.cpu().numpy()
+
+
+def _interleave(even: torch.Tensor, odd: torch.Tensor) -> torch.Tensor:
+    """[..., n] from the [..., n/2] halves at even and odd positions."""
+    return torch.stack((even, odd), dim=-1).flatten(-2)
 
 
 def _elementwise_subnormal_spacing(dtype: torch.dtype) -> float:
@@ -15,8 +34,7 @@ def _elementwise_subnormal_spacing(dtype: torch.dtype) -> float:
     return float(info.tiny) * float(info.eps)
 
 
-def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, y: np.ndarray, table_dtype: torch.dtype,
-         p: Precision) -> np.ndarray:
+def rope(x, cos, sin, y, table_dtype: torch.dtype, p: Precision) -> np.ndarray:
     """Allowed absolute error of each rope output (and of dx, with dy for x and dx for y).
 
     y_2i = x_2i c - x_2i+1 s, y_2i+1 = x_2i s + x_2i+1 c: two products and a sum.
@@ -34,15 +52,13 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, y: np.ndarray, table_d
     """
     u_in = unit_roundoff(p.dtype)
     u_cast = u_in if (table_dtype != p.dtype and p.dtype != torch.float32) else 0.0
+    x, cos, sin, y = (_f64(t) for t in (x, cos, sin, y))
     xa, xb = x[..., 0::2], x[..., 1::2]
-    prod = np.empty_like(x)
-    prod[..., 0::2] = np.abs(xa * cos) + np.abs(xb * sin)
-    prod[..., 1::2] = np.abs(xa * sin) + np.abs(xb * cos)
-    return SAFETY * (u_cast + u_in) * prod + p.store * np.abs(y) + 3 * p.floor
+    prod = _interleave((xa * cos).abs() + (xb * sin).abs(), (xa * sin).abs() + (xb * cos).abs())
+    return _numpy(SAFETY * (u_cast + u_in) * prod + p.store * y.abs() + 3 * p.floor)
 
 
-def rope_pair_norm(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, y: np.ndarray, table_dtype: torch.dtype,
-                   p: Precision) -> tuple[np.ndarray, np.ndarray]:
+def rope_pair_norm(x, cos, sin, y, table_dtype: torch.dtype, p: Precision) -> tuple[np.ndarray, np.ndarray]:
     """The norm of each output pair (y_2i, y_2i+1) and its allowed error, derived for the
     norm itself.
 
@@ -59,23 +75,24 @@ def rope_pair_norm(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, y: np.ndarra
     Returns (r |x|, allowance) per pair."""
     u_in = unit_roundoff(p.dtype)
     u_cast = u_in if (table_dtype != p.dtype and p.dtype != torch.float32) else 0.0
+    x, cos, sin, y = (_f64(t) for t in (x, cos, sin, y))
     xa, xb, ya, yb = x[..., 0::2], x[..., 1::2], y[..., 0::2], y[..., 1::2]
-    r = np.hypot(cos, sin)
-    norm = r * np.hypot(xa, xb)
-    e0 = SAFETY * u_in * (np.abs(xa * cos) + np.abs(xb * sin)) + p.store * np.abs(ya) + 3 * p.floor
-    e1 = SAFETY * u_in * (np.abs(xa * sin) + np.abs(xb * cos)) + p.store * np.abs(yb) + 3 * p.floor
-    return norm, u_cast * norm + np.hypot(e0, e1) + 2 * unit_roundoff(torch.float64) * norm
+    r = torch.hypot(cos, sin)
+    norm = r * torch.hypot(xa, xb)
+    e0 = SAFETY * u_in * ((xa * cos).abs() + (xb * sin).abs()) + p.store * ya.abs() + 3 * p.floor
+    e1 = SAFETY * u_in * ((xa * sin).abs() + (xb * cos).abs()) + p.store * yb.abs() + 3 * p.floor
+    return _numpy(norm), _numpy(u_cast * norm + torch.hypot(e0, e1) + 2 * unit_roundoff(torch.float64) * norm)
 
 
-def _swiglu_sigmoid_parts(g: np.ndarray):
+def _swiglu_sigmoid_parts(g: torch.Tensor):
     """sigmoid(g), 1 - sigmoid(g) and exp(-|g|), all exact in fp64 (no cancellation)."""
-    e = np.exp(-np.abs(g))
-    s = np.where(g >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
-    one_minus = np.where(g >= 0, e / (1.0 + e), 1.0 / (1.0 + e))
+    e = torch.exp(-g.abs())
+    s = torch.where(g >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    one_minus = torch.where(g >= 0, e / (1.0 + e), 1.0 / (1.0 + e))
     return s, one_minus, e
 
 
-def _swiglu_sigmoid_error(g: np.ndarray, u: float) -> np.ndarray:
+def _swiglu_sigmoid_error(g: torch.Tensor, u: float) -> torch.Tensor:
     """Relative error bound of an fp32 sigmoid s(g) from e = exp(-|g|).
 
     e errs by u (EXP_ULPS + |g|) relative (exp and the log2(e) scaling of its
@@ -84,11 +101,11 @@ def _swiglu_sigmoid_error(g: np.ndarray, u: float) -> np.ndarray:
     g >= 0 and e below u, 1 + e rounds to 1 with an error of e, not u: 2 min(u, e).
     """
     _, one_minus, e = _swiglu_sigmoid_parts(g)
-    rounding = np.where(g >= 0, 2 * np.minimum(u, e), 2 * u)
-    return u * (EXP_ULPS + np.abs(g)) * one_minus + rounding
+    rounding = torch.where(g >= 0, 2 * e.clamp(max=u), 2 * u)
+    return u * (EXP_ULPS + g.abs()) * one_minus + rounding
 
 
-def _swiglu_flush(g: np.ndarray) -> np.ndarray:
+def _swiglu_flush(g: torch.Tensor) -> torch.Tensor:
     """Where sigmoid(g) is below fp32's smallest normal (g < -87.3): an fp32
     intermediate that may be flushed to zero (FTZ in GPU exp), and which
     ``torch.sigmoid``/``F.silu`` turn into 0 already at g < -88.7 (exp(-g) overflows
@@ -97,7 +114,7 @@ def _swiglu_flush(g: np.ndarray) -> np.ndarray:
     return s < float(torch.finfo(torch.float32).tiny)
 
 
-def _swiglu_subnormal_read(v: np.ndarray) -> np.ndarray:
+def _swiglu_subnormal_read(v: torch.Tensor) -> torch.Tensor:
     """How far an operand may be misread: 2 tiny(fp32) where it is nonzero and below
     fp32's smallest normal, else 0. FTZ arithmetic (GPU .ftz instructions) reads such
     an operand as 0; the Triton interpreter's bf16 -> fp32 conversion garbles it into
@@ -106,10 +123,10 @@ def _swiglu_subnormal_read(v: np.ndarray) -> np.ndarray:
     the operand is off by less than 2 tiny(fp32), which a product with a large factor
     (swiglu's gate up to 1.3e19) turns into a visible error."""
     tiny = float(torch.finfo(torch.float32).tiny)
-    return np.where((v != 0) & (np.abs(v) < tiny), 2 * tiny, 0.0)
+    return torch.where((v != 0) & (v.abs() < tiny), 2 * tiny, 0.0)
 
 
-def swiglu(gate: np.ndarray, up: np.ndarray, y: np.ndarray, p: Precision) -> np.ndarray:
+def swiglu(gate, up, y, p: Precision) -> np.ndarray:
     """Allowed absolute error of y = gate sigmoid(gate) up.
 
     The fp32 sigmoid's relative error (:func:`_swiglu_sigmoid_error`), two products
@@ -121,17 +138,17 @@ def swiglu(gate: np.ndarray, up: np.ndarray, y: np.ndarray, p: Precision) -> np.
     partial derivative of y in it (|gate sigmoid(gate)| for up, at most 1.1 |up| for gate).
     """
     u = p.compute
-    ay = np.abs(y)
+    gate, up, y = (_f64(t) for t in (gate, up, y))
+    ay = y.abs()
     allowed = (SAFETY * (_swiglu_sigmoid_error(gate, u) + 2 * u) * ay + unit_roundoff(p.dtype) * ay
-               + _elementwise_subnormal_spacing(p.dtype) * np.abs(up) + p.store * ay + p.floor)
+               + _elementwise_subnormal_spacing(p.dtype) * up.abs() + p.store * ay + p.floor)
     s, _, _ = _swiglu_sigmoid_parts(gate)
-    allowed = (allowed + _swiglu_subnormal_read(up) * np.abs(gate * s)
-               + _swiglu_subnormal_read(gate) * 1.1 * np.abs(up))
-    return np.where(_swiglu_flush(gate), np.maximum(allowed, ay + p.floor), allowed)
+    allowed = (allowed + _swiglu_subnormal_read(up) * (gate * s).abs()
+               + _swiglu_subnormal_read(gate) * 1.1 * up.abs())
+    return _numpy(torch.where(_swiglu_flush(gate), torch.maximum(allowed, ay + p.floor), allowed))
 
 
-def swiglu_grad(gate: np.ndarray, up: np.ndarray, dy: np.ndarray, dgate: np.ndarray, dup: np.ndarray,
-                p: Precision) -> tuple[np.ndarray, np.ndarray]:
+def swiglu_grad(gate, up, dy, dgate, dup, p: Precision) -> tuple[np.ndarray, np.ndarray]:
     """Allowed absolute errors of dgate = dy up t, t = s + g s (1 - s), and dup = dy g s.
 
     s carries its absolute error ds = r_s s (:func:`_swiglu_sigmoid_error`); t moves by
@@ -150,19 +167,20 @@ def swiglu_grad(gate: np.ndarray, up: np.ndarray, dy: np.ndarray, dgate: np.ndar
     u = p.compute
     u_in = unit_roundoff(p.dtype)
     sub = _elementwise_subnormal_spacing(p.dtype)
+    gate, up, dy, dgate, dup = (_f64(t) for t in (gate, up, dy, dgate, dup))
     s, one_minus, _ = _swiglu_sigmoid_parts(gate)
     ds = _swiglu_sigmoid_error(gate, u) * s
     t = s + gate * s * one_minus
-    dt = np.abs(1 + gate * (one_minus - s)) * ds + u * (np.abs(t) + 3 * np.abs(gate * s * one_minus))
-    adg = np.where(np.isfinite(dgate), np.abs(dgate), 0.0)
-    adu = np.where(np.isfinite(dup), np.abs(dup), 0.0)
+    dt = (1 + gate * (one_minus - s)).abs() * ds + u * (t.abs() + 3 * (gate * s * one_minus).abs())
+    adg = torch.where(torch.isfinite(dgate), dgate.abs(), 0.0)
+    adu = torch.where(torch.isfinite(dup), dup.abs(), 0.0)
     flush = _swiglu_flush(gate)
-    a_gate = (SAFETY * (np.abs(dy * up) * dt + 2 * u * adg) + u_in * adg + sub * np.abs(t)
+    a_gate = (SAFETY * ((dy * up).abs() * dt + 2 * u * adg) + u_in * adg + sub * t.abs()
               + p.store * adg + p.floor)
-    a_up = (SAFETY * (_swiglu_sigmoid_error(gate, u) + 2 * u) * adu + u_in * adu + sub * np.abs(dy)
+    a_up = (SAFETY * (_swiglu_sigmoid_error(gate, u) + 2 * u) * adu + u_in * adu + sub * dy.abs()
             + p.store * adu + p.floor)
     rg, ru, rd = _swiglu_subnormal_read(gate), _swiglu_subnormal_read(up), _swiglu_subnormal_read(dy)
-    a_gate = a_gate + ru * np.abs(dy * t) + rg * np.abs(dy * up) + rd * np.abs(up * t)
-    a_up = a_up + rg * 1.1 * np.abs(dy) + rd * np.abs(gate * s)
-    return (np.where(flush, np.maximum(a_gate, adg + p.floor), a_gate),
-            np.where(flush, np.maximum(a_up, adu + p.floor), a_up))
+    a_gate = a_gate + ru * (dy * t).abs() + rg * (dy * up).abs() + rd * (up * t).abs()
+    a_up = a_up + rg * 1.1 * dy.abs() + rd * (gate * s).abs()
+    return (_numpy(torch.where(flush, torch.maximum(a_gate, adg + p.floor), a_gate)),
+            _numpy(torch.where(flush, torch.maximum(a_up, adu + p.floor), a_up)))
