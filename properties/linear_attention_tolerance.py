@@ -1,7 +1,9 @@
 """Tolerance rules of the linear-attention family: the ELU+1 feature map and linear attention.
 
 The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
-their sources) are in :mod:`properties.tolerance`."""
+their sources) are in :mod:`properties.tolerance`. The rules are evaluated in float64
+torch on the suite's device (the GPU when there is one); arguments may be NumPy arrays
+or tensors, results are NumPy."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,6 +14,12 @@ from properties.tolerance import DOT_READ_FLOOR, EXP_ULPS, SAFETY, Precision, su
 from references.linear_attention import causal_state_reads
 
 
+def _f64(x, device) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device=device, dtype=torch.float64)
+    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=device)
+
+
 def _la_half_subnormal(dtype: torch.dtype) -> float:
     """Half the spacing of ``dtype``'s subnormals: the absolute error of rounding a
     value into its subnormal range (to nearest)."""
@@ -19,7 +27,7 @@ def _la_half_subnormal(dtype: torch.dtype) -> float:
     return float(info.tiny) * float(info.eps) / 2
 
 
-def elu_feature_map(x: np.ndarray, y: np.ndarray, p: Precision) -> np.ndarray:
+def elu_feature_map(x, y, p: Precision) -> np.ndarray:
     """Allowed absolute error of y = elu(x) + 1 = max(x, 0) + exp(min(x, 0)).
 
     x > 0: y = x + 1, one fp32 addition (u |y|). x <= 0: y = exp(x) in fp32,
@@ -33,17 +41,15 @@ def elu_feature_map(x: np.ndarray, y: np.ndarray, p: Precision) -> np.ndarray:
     store u(dtype) |y| (two units under the interpreter's truncating bf16 store) and
     the underflow floor.
     """
-    with np.errstate(invalid="ignore", over="ignore"):
-        finite = np.isfinite(x)
-        xf = np.where(finite, x, 0.0)
-        yf = np.where(np.isfinite(y), y, 0.0)
-        neg = xf <= 0
-        exp_err = np.where(neg, p.compute * (EXP_ULPS + np.abs(xf)) * yf, p.compute * yf)
-        elu_round = np.where(xf < 0, unit_roundoff(p.dtype) * np.abs(yf - 1.0), 0.0)
-        return SAFETY * (exp_err + elu_round) + p.store * np.abs(yf) + p.floor
+    x, y = (_f64(t, backend.device()) for t in (x, y))
+    xf = torch.where(torch.isfinite(x), x, 0.0)
+    yf = torch.where(torch.isfinite(y), y, 0.0)
+    exp_err = torch.where(xf <= 0, p.compute * (EXP_ULPS + xf.abs()) * yf, p.compute * yf)
+    elu_round = torch.where(xf < 0, unit_roundoff(p.dtype) * (yf - 1.0).abs(), 0.0)
+    return (SAFETY * (exp_err + elu_round) + p.store * yf.abs() + p.floor).cpu().numpy()
 
 
-def elu_feature_map_grad(x: np.ndarray, dy: np.ndarray, dx: np.ndarray, p: Precision) -> np.ndarray:
+def elu_feature_map_grad(x, dy, dx, p: Precision) -> np.ndarray:
     """Allowed absolute error of dx = dy * (1 if x > 0 else exp(x)).
 
     exp(x) in fp32 as in the forward (EXP_ULPS u + u |x|, relative), the product dy
@@ -53,18 +59,12 @@ def elu_feature_map_grad(x: np.ndarray, dy: np.ndarray, dx: np.ndarray, p: Preci
     same way): y rounds once in that dtype (u(dtype) |dx| more, one floor into its
     subnormals scaled by |dy|), the old rule's one rounding would fail it.
     """
-    with np.errstate(invalid="ignore", over="ignore"):
-        xf = np.where(np.isfinite(x), x, 0.0)
-        dxf = np.abs(np.where(np.isfinite(dx), dx, 0.0))
-        rel = np.where(xf <= 0, p.compute * (EXP_ULPS + np.abs(xf) + 1), p.compute)
-        stored_y = np.where(xf <= 0, p.store * dxf + p.floor * np.abs(dy), 0.0)
-        return SAFETY * rel * dxf + p.store * dxf + stored_y + p.floor
-
-
-def _f64(x, device) -> torch.Tensor:
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(device=device, dtype=torch.float64)
-    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=device)
+    x, dy, dx = (_f64(t, backend.device()) for t in (x, dy, dx))
+    xf = torch.where(torch.isfinite(x), x, 0.0)
+    dxf = torch.where(torch.isfinite(dx), dx, 0.0).abs()
+    rel = torch.where(xf <= 0, p.compute * (EXP_ULPS + xf.abs() + 1), p.compute)
+    stored_y = torch.where(xf <= 0, p.store * dxf + p.floor * dy.abs(), 0.0)
+    return (SAFETY * rel * dxf + p.store * dxf + stored_y + p.floor).cpu().numpy()
 
 
 def linear_attention(q, k, v, o, causal: bool, eps: float, p: Precision) -> np.ndarray:
