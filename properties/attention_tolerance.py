@@ -19,7 +19,16 @@ import numpy as np
 import torch
 
 from properties import backend
-from properties.tolerance import DOT_READ_FLOOR, EXP_ULPS, SAFETY, Precision, sum_error, unit_roundoff
+from properties.oracle import to_numpy
+from properties.tolerance import (
+    DOT_READ_FLOOR,
+    EXP_ULPS,
+    SAFETY,
+    Precision,
+    float64_on,
+    sum_error,
+    unit_roundoff,
+)
 from references.attention import alibi_bias_torch as _alibi_bias
 from references.attention import visible_pairs_torch
 
@@ -30,16 +39,6 @@ ROW_BLOCK_ELEMENTS = 2**24
 
 def _device() -> torch.device:
     return backend.device()
-
-
-def _f64(x, device) -> torch.Tensor:
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(device=device, dtype=torch.float64)
-    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=device)
-
-
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().numpy()
 
 
 def _row_blocks(heads: int, n_q: int, n_k: int):
@@ -222,10 +221,10 @@ class _Problem:
     @classmethod
     def of(cls, q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap) -> "_Problem":
         dev = _device()
-        q = _f64(q, dev)
-        k, v = (_repeat_kv(_f64(t, dev), q.shape[-3]) for t in (k, v))
-        slopes = None if alibi_slopes is None else _f64(alibi_slopes, dev)
-        return cls(q, k, v, _f64(o, dev), _f64(lse, dev), bool(causal), float(scale), p, tuple(window), slopes,
+        q = float64_on(q, dev)
+        k, v = (_repeat_kv(float64_on(t, dev), q.shape[-3]) for t in (k, v))
+        slopes = None if alibi_slopes is None else float64_on(alibi_slopes, dev)
+        return cls(q, k, v, float64_on(o, dev), float64_on(lse, dev), bool(causal), float(scale), p, tuple(window), slopes,
                    float(softcap))
 
     def __post_init__(self):
@@ -405,7 +404,7 @@ def attention(q, k, v, o, lse, causal: bool, scale: float, p: Precision, window=
     for rows in pb.blocks():
         block = _forward_block(pb, rows)
         a_o[..., rows, :], a_lse[..., rows] = block.o_allowed, block.lse_allowed
-    return _numpy(a_o), _numpy(a_lse)
+    return to_numpy(a_o), to_numpy(a_lse)
 
 
 PARTIAL_SUM_BLOCK = 32  # rows per partial gradient sum in PyTorch's CPU flash attention
@@ -451,7 +450,7 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
     group = q.shape[-3] // kv_heads
     pb = _Problem.of(q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap)
     dev = pb.q.device
-    do, dq, dk, dv = (_f64(t, dev) for t in (do, dq, dk, dv))
+    do, dq, dk, dv = (float64_on(t, dev) for t in (do, dq, dk, dv))
     u_p, p_floor = _attention_parts(p)
     u_in = unit_roundoff(p.dtype)
     tiny = float(torch.finfo(p.dtype).tiny)
@@ -533,8 +532,8 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
         return max(0, heads * -(-n // PARTIAL_SUM_BLOCK) - 1) * (u_in * g.abs() + p.floor / 2)
 
     n_q, n_k = pb.n_q, pb.k.shape[-2]
-    return {"dq": _numpy(dq_allowed + partial_sums(dq, n_k)), "dk": _numpy(dk_allowed + partial_sums(dk, n_q, group)),
-            "dv": _numpy(dv_allowed + partial_sums(dv, n_q, group))}
+    return {"dq": to_numpy(dq_allowed + partial_sums(dq, n_k)), "dk": to_numpy(dk_allowed + partial_sums(dk, n_q, group)),
+            "dv": to_numpy(dv_allowed + partial_sums(dv, n_q, group))}
 
 
 def attention_dropout(q, k, v, o, lse, keep, dropout_p: float, causal: bool, scale: float, p: Precision,
@@ -568,4 +567,4 @@ def attention_dropout(q, k, v, o, lse, keep, dropout_p: float, causal: bool, sca
     for rows in pb.blocks():
         block = _forward_block(pb, rows, keep[..., rows, :].to(torch.bool), 1.0 / (1.0 - dropout_p))
         a_o[..., rows, :], a_lse[..., rows] = block.o_allowed, block.lse_allowed
-    return _numpy(a_o), _numpy(a_lse)
+    return to_numpy(a_o), to_numpy(a_lse)

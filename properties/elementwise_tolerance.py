@@ -9,19 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from properties import backend
-from properties.tolerance import EXP_ULPS, SAFETY, Precision, unit_roundoff
-
-
-def _f64(x) -> torch.Tensor:
-    """x (NumPy or tensor) in float64 on the suite's device."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(device=backend.device(), dtype=torch.float64)
-    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=backend.device())
-
-
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    return t.cpu().numpy()
+from properties.oracle import to_numpy
+from properties.tolerance import EXP_ULPS, SAFETY, Precision, float64_on, unit_roundoff
 
 
 def _interleave(even: torch.Tensor, odd: torch.Tensor) -> torch.Tensor:
@@ -52,10 +41,10 @@ def rope(x, cos, sin, y, table_dtype: torch.dtype, p: Precision) -> np.ndarray:
     """
     u_in = unit_roundoff(p.dtype)
     u_cast = u_in if (table_dtype != p.dtype and p.dtype != torch.float32) else 0.0
-    x, cos, sin, y = (_f64(t) for t in (x, cos, sin, y))
+    x, cos, sin, y = (float64_on(t) for t in (x, cos, sin, y))
     xa, xb = x[..., 0::2], x[..., 1::2]
     prod = _interleave((xa * cos).abs() + (xb * sin).abs(), (xa * sin).abs() + (xb * cos).abs())
-    return _numpy(SAFETY * (u_cast + u_in) * prod + p.store * y.abs() + 3 * p.floor)
+    return to_numpy(SAFETY * (u_cast + u_in) * prod + p.store * y.abs() + 3 * p.floor)
 
 
 def rope_pair_norm(x, cos, sin, y, table_dtype: torch.dtype, p: Precision) -> tuple[np.ndarray, np.ndarray]:
@@ -75,13 +64,13 @@ def rope_pair_norm(x, cos, sin, y, table_dtype: torch.dtype, p: Precision) -> tu
     Returns (r |x|, allowance) per pair."""
     u_in = unit_roundoff(p.dtype)
     u_cast = u_in if (table_dtype != p.dtype and p.dtype != torch.float32) else 0.0
-    x, cos, sin, y = (_f64(t) for t in (x, cos, sin, y))
+    x, cos, sin, y = (float64_on(t) for t in (x, cos, sin, y))
     xa, xb, ya, yb = x[..., 0::2], x[..., 1::2], y[..., 0::2], y[..., 1::2]
     r = torch.hypot(cos, sin)
     norm = r * torch.hypot(xa, xb)
     e0 = SAFETY * u_in * ((xa * cos).abs() + (xb * sin).abs()) + p.store * ya.abs() + 3 * p.floor
     e1 = SAFETY * u_in * ((xa * sin).abs() + (xb * cos).abs()) + p.store * yb.abs() + 3 * p.floor
-    return _numpy(norm), _numpy(u_cast * norm + torch.hypot(e0, e1) + 2 * unit_roundoff(torch.float64) * norm)
+    return to_numpy(norm), to_numpy(u_cast * norm + torch.hypot(e0, e1) + 2 * unit_roundoff(torch.float64) * norm)
 
 
 def _swiglu_sigmoid_parts(g: torch.Tensor):
@@ -138,14 +127,14 @@ def swiglu(gate, up, y, p: Precision) -> np.ndarray:
     partial derivative of y in it (|gate sigmoid(gate)| for up, at most 1.1 |up| for gate).
     """
     u = p.compute
-    gate, up, y = (_f64(t) for t in (gate, up, y))
+    gate, up, y = (float64_on(t) for t in (gate, up, y))
     ay = y.abs()
     allowed = (SAFETY * (_swiglu_sigmoid_error(gate, u) + 2 * u) * ay + unit_roundoff(p.dtype) * ay
                + _elementwise_subnormal_spacing(p.dtype) * up.abs() + p.store * ay + p.floor)
     s, _, _ = _swiglu_sigmoid_parts(gate)
     allowed = (allowed + _swiglu_subnormal_read(up) * (gate * s).abs()
                + _swiglu_subnormal_read(gate) * 1.1 * up.abs())
-    return _numpy(torch.where(_swiglu_flush(gate), torch.maximum(allowed, ay + p.floor), allowed))
+    return to_numpy(torch.where(_swiglu_flush(gate), torch.maximum(allowed, ay + p.floor), allowed))
 
 
 def swiglu_grad(gate, up, dy, dgate, dup, p: Precision) -> tuple[np.ndarray, np.ndarray]:
@@ -167,7 +156,7 @@ def swiglu_grad(gate, up, dy, dgate, dup, p: Precision) -> tuple[np.ndarray, np.
     u = p.compute
     u_in = unit_roundoff(p.dtype)
     sub = _elementwise_subnormal_spacing(p.dtype)
-    gate, up, dy, dgate, dup = (_f64(t) for t in (gate, up, dy, dgate, dup))
+    gate, up, dy, dgate, dup = (float64_on(t) for t in (gate, up, dy, dgate, dup))
     s, one_minus, _ = _swiglu_sigmoid_parts(gate)
     ds = _swiglu_sigmoid_error(gate, u) * s
     t = s + gate * s * one_minus
@@ -182,5 +171,5 @@ def swiglu_grad(gate, up, dy, dgate, dup, p: Precision) -> tuple[np.ndarray, np.
     rg, ru, rd = _swiglu_subnormal_read(gate), _swiglu_subnormal_read(up), _swiglu_subnormal_read(dy)
     a_gate = a_gate + ru * (dy * t).abs() + rg * (dy * up).abs() + rd * (up * t).abs()
     a_up = a_up + rg * 1.1 * dy.abs() + rd * (gate * s).abs()
-    return (_numpy(torch.where(flush, torch.maximum(a_gate, adg + p.floor), a_gate)),
-            _numpy(torch.where(flush, torch.maximum(a_up, adu + p.floor), a_up)))
+    return (to_numpy(torch.where(flush, torch.maximum(a_gate, adg + p.floor), a_gate)),
+            to_numpy(torch.where(flush, torch.maximum(a_up, adu + p.floor), a_up)))

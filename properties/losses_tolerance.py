@@ -13,13 +13,7 @@ import numpy as np
 import torch
 
 from properties import backend
-from properties.tolerance import EXP_ULPS, SAFETY, Precision, sum_error
-
-
-def _f64(x, device) -> torch.Tensor:
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(device=device, dtype=torch.float64)
-    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=device)
+from properties.tolerance import EXP_ULPS, SAFETY, Precision, float64_on, sum_error
 
 
 def _targets(target, device) -> torch.Tensor:
@@ -66,7 +60,7 @@ def cross_entropy_lse_error(logits: np.ndarray, p: Precision) -> np.ndarray:
       near S = 1); m + log S rounds: u |lse|; an implementation may instead form
       z_j - m for every j and add m back (log_softmax), u |m| more.
     """
-    return _lse_error(_cross_entropy_parts(_f64(logits, backend.device())), p).cpu().numpy()
+    return _lse_error(_cross_entropy_parts(float64_on(logits, backend.device())), p).cpu().numpy()
 
 
 def _lse_error(parts, p: Precision) -> torch.Tensor:
@@ -87,7 +81,7 @@ def cross_entropy(logits: np.ndarray, target: np.ndarray, ignore_index: int, los
     exactly 0: allowance 0. A target on a -inf logit gives +inf (compared exactly).
     """
     device = backend.device()
-    logits, target, loss = _f64(logits, device), _targets(target, device), _f64(loss, device)
+    logits, target, loss = float64_on(logits, device), _targets(target, device), float64_on(loss, device)
     parts = _cross_entropy_parts(logits)
     m = parts[1]
     ignored = target == ignore_index
@@ -127,7 +121,7 @@ def cross_entropy_grad(logits: np.ndarray, target: np.ndarray, ignore_index: int
     float16: 6.1 u of dx), a strategy the old rule missed.
     """
     device = backend.device()
-    logits, target = _f64(logits, device), _targets(target, device)
+    logits, target = float64_on(logits, device), _targets(target, device)
     parts = _cross_entropy_parts(logits)
     finite, lse = parts[0], parts[3]
     ignored = target == ignore_index
@@ -142,8 +136,8 @@ def cross_entropy_grad(logits: np.ndarray, target: np.ndarray, ignore_index: int
          + 2 * p.store * a_arg)  # log p kept in the logits' dtype
     p_err = torch.clamp(torch.exp(arg + e), max=1.0) * -torch.expm1(-e)
     g = torch.exp(arg) - onehot
-    dl = _f64(dloss, device).abs()[:, None]
-    dlogits = _f64(dlogits, device)
+    dl = float64_on(dloss, device).abs()[:, None]
+    dlogits = float64_on(dlogits, device)
     dx = torch.where(torch.isfinite(dlogits), dlogits.abs(), 0.0)
     stored_g = p.store * g.abs() + p.floor  # the gradient kept in the logits' dtype
     allowed = dl * (p_err + SAFETY * u * g.abs() + stored_g) + SAFETY * u * dx + p.store * dx + p.floor

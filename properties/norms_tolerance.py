@@ -11,19 +11,8 @@ import math
 import numpy as np
 import torch
 
-from properties import backend
-from properties.tolerance import EXP_ULPS, SAFETY, SUM_LAMBDA, Precision, sum_error, unit_roundoff
-
-
-def _f64(x) -> torch.Tensor:
-    """x (NumPy, tensor or number) in float64 on the suite's device."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(device=backend.device(), dtype=torch.float64)
-    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=backend.device())
-
-
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    return t.cpu().numpy()
+from properties.oracle import to_numpy
+from properties.tolerance import EXP_ULPS, SAFETY, SUM_LAMBDA, Precision, float64_on, sum_error, unit_roundoff
 
 
 def _layer_norm_stats(h: torch.Tensor, eps: float):
@@ -71,9 +60,9 @@ def layer_norm_xhat(h, eps: float, p: Precision, input_err=None):
     * x_hat = (h - mean) * rstd: eta = rstd * (error of h - mean + p.floor) + |x_hat| (eps_r + u).
     """
     u = p.compute
-    h = _f64(h)
+    h = float64_on(h)
     n, mu, d, var, r, xhat = _layer_norm_stats(h, eps)
-    e = torch.zeros_like(h) if input_err is None else _f64(input_err)
+    e = torch.zeros_like(h) if input_err is None else float64_on(input_err)
     ebar = e.mean(dim=-1, keepdim=True)
     a_mean = h.abs().mean(dim=-1, keepdim=True)
     delta_mu = (float(sum_error(n, u)) + u) * a_mean
@@ -92,9 +81,9 @@ def layer_norm(h, weight, bias, y, eps: float, p: Precision, input_err=None) -> 
     a result near underflow p.floor.
     """
     eta, _, _, xhat = layer_norm_xhat(h, eps, p, input_err)
-    aw, ay = _f64(weight).abs(), _f64(y).abs()
+    aw, ay = float64_on(weight).abs(), float64_on(y).abs()
     bound = aw * eta + p.compute * (xhat.abs() * aw + ay)
-    return _numpy(SAFETY * bound + p.store * ay + p.floor)
+    return to_numpy(SAFETY * bound + p.store * ay + p.floor)
 
 
 def layer_norm_grad(x, weight, dy, dx, dweight, dbias, eps: float, p: Precision) -> dict[str, np.ndarray]:
@@ -153,7 +142,7 @@ def layer_norm_grad(x, weight, dy, dx, dweight, dbias, eps: float, p: Precision)
     that too reached |dweight| at a few hundred bf16 rows.
     """
     u = p.compute
-    x, weight, dy, dx, dweight, dbias = (_f64(t) for t in (x, weight, dy, dx, dweight, dbias))
+    x, weight, dy, dx, dweight, dbias = (float64_on(t) for t in (x, weight, dy, dx, dweight, dbias))
     eta, eps_r, r, xhat = layer_norm_xhat(x, eps, p)
     # The saved statistics may be held in the input dtype (torch's CPU kernel returns
     # and reuses mean and rstd in fp16/bf16): mean off by u(out) |mean|, rstd by u(out).
@@ -208,9 +197,9 @@ def layer_norm_grad(x, weight, dy, dx, dweight, dbias, eps: float, p: Precision)
                 + r_rows * flat(dy * xhat).abs().sum(0))
     db_bound = r_rows * ady.sum(0)
     return {
-        "dx": _numpy(SAFETY * dx_bound + p.store * dx.abs() + p.floor * (1 + r * weight.abs())),
-        "dweight": _numpy(SAFETY * dw_bound + p.store * dweight.abs() + rows_floor),
-        "dbias": _numpy(SAFETY * db_bound + p.store * dbias.abs() + rows_floor),
+        "dx": to_numpy(SAFETY * dx_bound + p.store * dx.abs() + p.floor * (1 + r * weight.abs())),
+        "dweight": to_numpy(SAFETY * dw_bound + p.store * dweight.abs() + rows_floor),
+        "dbias": to_numpy(SAFETY * db_bound + p.store * dbias.abs() + rows_floor),
     }
 
 
@@ -222,7 +211,7 @@ def dropout_input_error(x, residual, keep, p_drop: float, p: Precision) -> torch
     (2 u(fp32) |x / (1-p)| + u(fp32) |h|). Both are covered by the larger of each term.
     """
     u_in = unit_roundoff(p.dtype)
-    x, residual = _f64(x), _f64(residual)
+    x, residual = float64_on(x), float64_on(residual)
     keep = torch.as_tensor(np.asarray(keep) if not isinstance(keep, torch.Tensor) else keep,
                            device=x.device).to(torch.bool)
     scaled = torch.where(keep, x.abs() / (1.0 - p_drop), 0.0)

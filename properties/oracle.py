@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from properties import tolerance
+from properties.tolerance import float64_on
 
 
 @dataclass(frozen=True)
@@ -97,12 +98,6 @@ def to_numpy(t) -> np.ndarray:
     return np.asarray(t, dtype=np.float64)
 
 
-def _f64(x, device) -> torch.Tensor:
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(device=device, dtype=torch.float64)
-    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=device)
-
-
 def _check_allowance(output: str, e: torch.Tensor, allowed: torch.Tensor, fin: torch.Tensor,
                      rule: str | None) -> None:
     bad = fin & ~(torch.isfinite(allowed) & (allowed >= 0))
@@ -129,11 +124,11 @@ def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.nd
     """
     dtype = dtype or got.dtype
     device = got.device if isinstance(got, torch.Tensor) else torch.device("cpu")
-    g, e = _f64(got, device), _f64(expected, device)
+    g, e = float64_on(got, device), float64_on(expected, device)
     if g.shape != e.shape:
         raise AssertionError(f"output {output!r} has shape {list(g.shape)}, the reference has {list(e.shape)}")
     try:
-        allowed = _f64(allowed, device).broadcast_to(e.shape)
+        allowed = float64_on(allowed, device).broadcast_to(e.shape)
     except RuntimeError as exc:
         raise ValueError(f"allowance for output {output!r} does not broadcast to {list(e.shape)}: {exc}") from None
     fin = torch.isfinite(e)
@@ -183,10 +178,10 @@ def allowance_mostly_vacuous(expected: np.ndarray, allowed: np.ndarray, dtype: t
     """Whether ``allowed`` would accept 0 for most of the counted elements of ``expected``,
     before anything is compared: a check can discard such an example instead of running it."""
     device = expected.device if isinstance(expected, torch.Tensor) else torch.device("cpu")
-    e = _f64(expected, device)
+    e = float64_on(expected, device)
     fin = torch.isfinite(e)
     scale = torch.where(fin, e.abs(), 0.0).amax() if e.numel() else torch.zeros((), dtype=torch.float64)
-    counted, vacuous = (int(n) for n in _vacuity(e, _f64(allowed, device).broadcast_to(e.shape), fin, dtype, scale))
+    counted, vacuous = (int(n) for n in _vacuity(e, float64_on(allowed, device).broadcast_to(e.shape), fin, dtype, scale))
     return 2 * vacuous > counted > 0
 
 

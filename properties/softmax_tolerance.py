@@ -12,19 +12,8 @@ import math
 import numpy as np
 import torch
 
-from properties import backend
-from properties.tolerance import EXP_ULPS, SAFETY, Precision, sum_error, unit_roundoff
-
-
-def _f64(x) -> torch.Tensor:
-    """x (NumPy or tensor) in float64 on the suite's device."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().to(device=backend.device(), dtype=torch.float64)
-    return torch.as_tensor(np.asarray(x, dtype=np.float64), device=backend.device())
-
-
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    return t.cpu().numpy()
+from properties.oracle import to_numpy
+from properties.tolerance import EXP_ULPS, SAFETY, Precision, float64_on, sum_error, unit_roundoff
 
 
 def softmax_exponent_error(x, temperature: float, p: Precision) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,7 +54,7 @@ def softmax_exponent_error(x, temperature: float, p: Precision) -> tuple[torch.T
     for an expected 1). The normaliser now weighs each element's own error by its
     weight y_j, so a dominant max element contributes only its own small error.
     """
-    z = _f64(x) / temperature
+    z = float64_on(x) / temperature
     finite = torch.isfinite(z)
     zf = torch.where(finite, z, 0.0)
     m = torch.where(finite, z, -math.inf).amax(dim=-1, keepdim=True)
@@ -104,11 +93,11 @@ def softmax_allowance(x, temperature: float, p: Precision) -> torch.Tensor:
 
 def softmax(x, y, temperature: float, p: Precision) -> np.ndarray:
     """Allowed absolute error of each softmax output: the exponent error, the store."""
-    return _numpy(_softmax(x, y, temperature, p))
+    return to_numpy(_softmax(x, y, temperature, p))
 
 
 def _softmax(x, y, temperature: float, p: Precision) -> torch.Tensor:
-    return softmax_allowance(x, temperature, p) + p.store * _f64(y).abs() + p.floor
+    return softmax_allowance(x, temperature, p) + p.store * float64_on(y).abs() + p.floor
 
 
 def softmax_grad(x, y, dy, dx, temperature: float, p: Precision) -> np.ndarray:
@@ -125,13 +114,13 @@ def softmax_grad(x, y, dy, dx, temperature: float, p: Precision) -> np.ndarray:
     rounds once more (half a spacing), so the floor is max(1, 1/T) spacings (seen on an
     H100: torch.softmax(x / 0.5) in fp16, 2 subnormal spacings off an exact -2.2e-8).
     """
-    x, y, dy, dx = (_f64(t) for t in (x, y, dy, dx))
+    x, y, dy, dx = (float64_on(t) for t in (x, y, dy, dx))
     a = _softmax(x, y, temperature, p)
     n = torch.isfinite(x).sum(dim=-1, keepdim=True)
     inner = (dy * y).sum(dim=-1, keepdim=True)
     inner_err = (dy.abs() * a + (dy * y).abs() * sum_error(n, p.compute)).sum(dim=-1, keepdim=True)
     bound = (a * ((dy - inner).abs() + inner_err) + y.abs() * inner_err) / temperature
-    return _numpy(SAFETY * bound + 2 * p.store * dx.abs() + p.floor * max(1.0, 1.0 / temperature))
+    return to_numpy(SAFETY * bound + 2 * p.store * dx.abs() + p.floor * max(1.0, 1.0 / temperature))
 
 
 
@@ -162,7 +151,7 @@ def softmax_row_sum(x, y, temperature: float, p: Precision) -> np.ndarray:
     ``y`` is the implementation's own output (its weights, clipped to [0, 1]), so the
     allowance needs no reference. -inf entries contribute exactly 0 and drop out of n.
     """
-    x, y = _f64(x), _f64(y)
+    x, y = float64_on(x), float64_on(y)
     z = x / temperature
     finite = torch.isfinite(z)
     m = torch.where(finite, z, -math.inf).amax(dim=-1, keepdim=True)
@@ -172,4 +161,4 @@ def softmax_row_sum(x, y, temperature: float, p: Precision) -> np.ndarray:
     numerator = p.compute * (2 * EXP_ULPS + 1 + 2 * (w * gap).sum(dim=-1))
     tiny = float(torch.finfo(p.dtype).tiny)
     store = p.store * w.sum(dim=-1) + p.floor * (finite & (w < tiny)).sum(dim=-1)
-    return _numpy(SAFETY * (sum_error(n, p.compute) + numerator) + store + x.shape[-1] * unit_roundoff(torch.float64))
+    return to_numpy(SAFETY * (sum_error(n, p.compute) + numerator) + store + x.shape[-1] * unit_roundoff(torch.float64))

@@ -135,6 +135,21 @@ def ulp(values, dtype: torch.dtype):
     return np.exp2(exp - mant)
 
 
+def float64_on(x, device=None) -> torch.Tensor:
+    """``x`` (a NumPy array, tensor or number) as a float64 tensor on ``device`` (default: the
+    suite's, the GPU when there is one), where the rules and comparisons are evaluated. A
+    read-only NumPy view (np.broadcast_to) is copied: torch does not take read-only memory."""
+    if device is None:
+        from properties import backend
+        device = backend.device()
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device=device, dtype=torch.float64)
+    a = np.asarray(x, dtype=np.float64)
+    if not a.flags.writeable:
+        a = a.copy()
+    return torch.as_tensor(a, device=device)
+
+
 TF32X3_DOT = 2.0**-21  # relative error per product of a 3-pass tf32 ("tf32x3") tl.dot
 
 
