@@ -129,8 +129,9 @@ PROBLEMS: dict[str, LargeProblem] = {p.op: p for p in (
 
 DEFAULT_PARAMS = {"softmax": {"temperature": 1.0}, "layer_norm": {"eps": 1e-5},
                   "dropout_residual_layer_norm": {"p": 0.0, "seed": 0, "eps": 1e-5},
-                  "attention": {"causal": False, "sm_scale": None, "window": (-1, -1),
-                                "alibi_slopes": None, "softcap": 0.0}, "linear_attention": {"causal": False, "eps": 1e-6},
+                  "attention": {"causal": False, "sm_scale": None, "window": (-1, -1), "alibi_slopes": None,
+                                "softcap": 0.0, "dropout_p": 0.0, "seed": 0, "return_keep": False},
+                  "linear_attention": {"causal": False, "eps": 1e-6},
                   "cross_entropy": {"ignore_index": -100}}
 
 

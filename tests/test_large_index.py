@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from properties import backend, registry
-from properties.large_index import PROBLEMS, bytes_needed, check, verdict_of
+from properties.large_index import DEFAULT_PARAMS, PROBLEMS, bytes_needed, check, verdict_of
 
 pytestmark = pytest.mark.large
 DTYPE_PREFERENCE = (torch.bfloat16, torch.float16, torch.float32)
@@ -44,6 +44,16 @@ def _one_at_a_time():
 
 def test_every_op_has_a_large_problem():
     assert set(PROBLEMS) == set(registry.load())
+
+
+def test_every_scalar_argument_has_a_value():
+    """The check calls each op with every argument of its signature: a scalar added to an
+    op (attention's dropout_p, seed, return_keep) needs its plain value here, or the GPU
+    run fails with a KeyError (it did, on an H100, after dropout landed)."""
+    ops = registry.load()
+    for op in PROBLEMS:
+        missing = set(ops[op].scalars) - set(DEFAULT_PARAMS.get(op, {}))
+        assert not missing, f"properties/large_index.py DEFAULT_PARAMS[{op!r}] lacks {sorted(missing)}"
 
 
 def _targets():
