@@ -134,7 +134,11 @@ def layer_norm_grad_tolerance(case, inputs64, outputs64, grads64, p):
 
 
 def _dropout_allowed(x, residual, weight, bias, keep, p_drop, eps, y_ref, p):
-    h = np.where(keep, x / (1.0 - p_drop), 0.0) + residual
+    """The layer-norm rule on h as the contract forms it (NumPy or tensors, on the rules' device)."""
+    x, residual = tolerance.float64_on(x), tolerance.float64_on(residual)
+    keep = torch.as_tensor(np.asarray(keep) if not isinstance(keep, torch.Tensor) else keep,
+                           device=x.device).to(torch.bool)
+    h = torch.where(keep, x / (1.0 - p_drop), 0.0) + residual
     err = rules.dropout_input_error(x, residual, keep, p_drop, p)
     return rules.layer_norm(h, weight, bias, y_ref, eps, p, input_err=err)
 
@@ -159,6 +163,14 @@ def dropout_reference(x, residual, weight, bias, p, seed, eps=1e-5):
                          "keep, eps) with the implementation's keep")
     x = np.asarray(x, dtype=np.float64)
     return ref.layer_norm(x + np.asarray(residual, dtype=np.float64), weight, bias, eps), np.ones(x.shape, bool)
+
+
+def dropout_reference_torch(x, residual, weight, bias, p, seed, eps=1e-5):
+    """:func:`dropout_reference` in float64 torch on the inputs' device."""
+    keep = torch.ones(x.shape, dtype=torch.bool, device=x.device)
+    if p != 0:
+        dropout_reference(x, residual, weight, bias, p, seed, eps)  # raises, saying what to use
+    return ref.dropout_residual_layer_norm_given_keep_torch(x, residual, weight, bias, 0.0, keep, eps), keep
 
 
 # ------------------------------------------------------------------ layer_norm properties
@@ -317,12 +329,14 @@ def dropout_matches_reference(case: Case, impl: Implementation) -> None:
     built from the keep mask the implementation returned, within the derived
     tolerance (which allows h to be formed in the input dtype)."""
     values, outs = _dropout_run(case, impl)
-    keep = outs["keep"].cpu().numpy()
-    v = {k: to_numpy(values[k]) for k in ("x", "residual", "weight", "bias")}
+    keep = outs["keep"]
+    v = {k: values[k].detach() for k in ("x", "residual", "weight", "bias")}
     prm = case.params
-    want = ref.dropout_residual_layer_norm_given_keep(v["x"], v["residual"], v["weight"], v["bias"], prm["p"], keep,
-                                                      prm["eps"])
-    allowed = _dropout_allowed(v["x"], v["residual"], v["weight"], v["bias"], keep, prm["p"], prm["eps"], want,
+    # fp64 on the kernel's device (the GPU's: no host round trip of the rows)
+    want_t = ref.dropout_residual_layer_norm_given_keep_torch(v["x"], v["residual"], v["weight"], v["bias"],
+                                                              prm["p"], keep, prm["eps"])
+    want = to_numpy(want_t)
+    allowed = _dropout_allowed(v["x"], v["residual"], v["weight"], v["bias"], keep, prm["p"], prm["eps"], want_t,
                                precision(impl, case))
     baseline = parity.baseline_errors(case.op, values["x"].dtype, case, values, outs, {"y": want})
     parity.assert_close("y", outs["y"], want, allowed, baseline["y"], dtype=values["x"].dtype,
@@ -447,6 +461,7 @@ register(OpSpec(
     outputs=("y", "keep"),
     kernel="kernels.norms:dropout_residual_layer_norm",
     reference=dropout_reference,
+    torch_reference=dropout_reference_torch,
     cases=dropout_residual_layer_norm_cases,
     tolerance=dropout_tolerance,
     output_dtypes={"keep": torch.bool},

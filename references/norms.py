@@ -43,6 +43,14 @@ def dropout_residual_layer_norm_given_keep(x, residual, weight, bias, p, keep, e
     return layer_norm(h, weight, bias, eps)
 
 
+def dropout_residual_layer_norm_given_keep_torch(x, residual, weight, bias, p, keep, eps=1e-5):
+    """:func:`dropout_residual_layer_norm_given_keep` in float64 torch on the inputs' device."""
+    x, residual = x.to(torch.float64), residual.to(torch.float64)
+    keep = torch.as_tensor(keep, device=x.device).to(torch.bool)
+    h = torch.where(keep, x / (1.0 - p), 0.0) + residual
+    return layer_norm_torch(h, weight, bias, eps)
+
+
 def layer_norm_torch(x, weight, bias, eps=1e-5):
     """Differentiable fp64 layer norm; inputs are promoted to float64."""
     x = x.to(torch.float64)

@@ -78,12 +78,17 @@ def test_numpy_and_torch_references_agree(name):
     @settings(max_examples=10, deadline=None, derandomize=True, database=None)
     @given(case=op.cases(torch.float32))
     def agree(case: Case):
+        if name == "dropout_residual_layer_norm":  # its reference exists at p = 0 only (else the mask is the kernel's)
+            case = case.replace(p=0.0)
         values = case.materialise("cpu")
         expected, inputs64 = op.expected(case, values)
         args = [torch.from_numpy(inputs64[a]) if isinstance(inputs64[a], np.ndarray) else inputs64[a]
                 for a in case.args]
         got = op.unpack(op.torch_reference(*args))
         for out in op.outputs:
+            if not np.issubdtype(np.asarray(expected[out]).dtype, np.floating):  # a mask: exactly
+                np.testing.assert_array_equal(got[out].detach().numpy(), expected[out], err_msg=f"{name}.{out}")
+                continue
             # Two fp64 computations in different orders agree to fp64 roundoff times the
             # input's condition; relative to each element alone that can exceed any fixed
             # rtol where an output element cancels (an attention output of 0.012 from values
