@@ -562,7 +562,7 @@ def attention_dropout(q, k, v, o, lse, keep, dropout_p: float, causal: bool, sca
     the dtype, u(dtype) per weight and u(dtype) for c (on pv): 2 (u(fp32) + u(dtype)) (pv + |o|).
     """
     pb = _Problem.of(q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap)
-    keep = torch.as_tensor(np.asarray(keep) if not isinstance(keep, torch.Tensor) else keep, device=pb.q.device)
+    keep = torch.as_tensor(keep, device=pb.q.device)
     a_o, a_lse = torch.empty_like(pb.o), torch.empty_like(pb.lse)
     for rows in pb.blocks():
         block = _forward_block(pb, rows, keep[..., rows, :].to(torch.bool), 1.0 / (1.0 - dropout_p))

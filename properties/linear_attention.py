@@ -186,14 +186,14 @@ class FeatureCase(Case):
         dtype = q.dtype
         limit = min(float(torch.finfo(dtype).max), float(torch.finfo(torch.float32).max)) / DOMAIN_DIVISOR
         # the sizes below in fp64 on the tensors' device (the GPU's: no host round trip)
+        _scale_into(k, _largest(k.to(torch.float64).sum(dim=2)), limit)
         k64 = k.to(torch.float64)
-        _scale_into(k, _largest(k64.sum(dim=2)), limit)
-        z = k.to(torch.float64).sum(dim=2)
+        z = k64.sum(dim=2)
         # q and v themselves too: a 3-pass tf32 dot rounds an operand within 2^-11 of
         # fp32's max to inf (then 0 * inf = NaN through a causal mask; seen on an H100)
         q64 = q.to(torch.float64)
         _scale_into(q, max(_largest((q64 * z[:, :, None]).sum(-1)), _largest(q64)), limit)
-        q64, k64 = q.to(torch.float64), k.to(torch.float64)
+        q64 = q.to(torch.float64)
         va = v.to(torch.float64).abs()
         p_abs = k64.transpose(-1, -2) @ va
         m_abs = q64 @ p_abs

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from properties import backend
 from properties.tolerance import DOT_READ_FLOOR, EXP_ULPS, SAFETY, Precision, float64_on, sum_error, unit_roundoff
 from references.linear_attention import causal_state_reads
 
@@ -35,7 +34,7 @@ def elu_feature_map(x, y, p: Precision) -> np.ndarray:
     store u(dtype) |y| (two units under the interpreter's truncating bf16 store) and
     the underflow floor.
     """
-    x, y = (float64_on(t, backend.device()) for t in (x, y))
+    x, y = (float64_on(t) for t in (x, y))
     xf = torch.where(torch.isfinite(x), x, 0.0)
     yf = torch.where(torch.isfinite(y), y, 0.0)
     exp_err = torch.where(xf <= 0, p.compute * (EXP_ULPS + xf.abs()) * yf, p.compute * yf)
@@ -53,7 +52,7 @@ def elu_feature_map_grad(x, dy, dx, p: Precision) -> np.ndarray:
     same way): y rounds once in that dtype (u(dtype) |dx| more, one floor into its
     subnormals scaled by |dy|), the old rule's one rounding would fail it.
     """
-    x, dy, dx = (float64_on(t, backend.device()) for t in (x, dy, dx))
+    x, dy, dx = (float64_on(t) for t in (x, dy, dx))
     xf = torch.where(torch.isfinite(x), x, 0.0)
     dxf = torch.where(torch.isfinite(dx), dx, 0.0).abs()
     rel = torch.where(xf <= 0, p.compute * (EXP_ULPS + xf.abs() + 1), p.compute)
@@ -105,7 +104,7 @@ def linear_attention(q, k, v, o, causal: bool, eps: float, p: Precision) -> np.n
     causal M_i is an N D Dv computation (:func:`references.linear_attention.causal_state_reads`).
     Arguments may be NumPy arrays or tensors; the result is NumPy.
     """
-    q, k, v, o = (float64_on(a, backend.device()) for a in (q, k, v, o))
+    q, k, v, o = (float64_on(a) for a in (q, k, v, o))
     N, D = q.shape[-2], q.shape[-1]
     va = v.abs()
     if causal:

@@ -60,7 +60,7 @@ def cross_entropy_lse_error(logits: np.ndarray, p: Precision) -> np.ndarray:
       near S = 1); m + log S rounds: u |lse|; an implementation may instead form
       z_j - m for every j and add m back (log_softmax), u |m| more.
     """
-    return _lse_error(_cross_entropy_parts(float64_on(logits, backend.device())), p).cpu().numpy()
+    return _lse_error(_cross_entropy_parts(float64_on(logits)), p).cpu().numpy()
 
 
 def _lse_error(parts, p: Precision) -> torch.Tensor:

@@ -136,8 +136,7 @@ def layer_norm_grad_tolerance(case, inputs64, outputs64, grads64, p):
 def _dropout_allowed(x, residual, weight, bias, keep, p_drop, eps, y_ref, p):
     """The layer-norm rule on h as the contract forms it (NumPy or tensors, on the rules' device)."""
     x, residual = tolerance.float64_on(x), tolerance.float64_on(residual)
-    keep = torch.as_tensor(np.asarray(keep) if not isinstance(keep, torch.Tensor) else keep,
-                           device=x.device).to(torch.bool)
+    keep = torch.as_tensor(keep, device=x.device).to(torch.bool)
     h = torch.where(keep, x / (1.0 - p_drop), 0.0) + residual
     err = rules.dropout_input_error(x, residual, keep, p_drop, p)
     return rules.layer_norm(h, weight, bias, y_ref, eps, p, input_err=err)
@@ -333,10 +332,9 @@ def dropout_matches_reference(case: Case, impl: Implementation) -> None:
     v = {k: values[k].detach() for k in ("x", "residual", "weight", "bias")}
     prm = case.params
     # fp64 on the kernel's device (the GPU's: no host round trip of the rows)
-    want_t = ref.dropout_residual_layer_norm_given_keep_torch(v["x"], v["residual"], v["weight"], v["bias"],
-                                                              prm["p"], keep, prm["eps"])
-    want = to_numpy(want_t)
-    allowed = _dropout_allowed(v["x"], v["residual"], v["weight"], v["bias"], keep, prm["p"], prm["eps"], want_t,
+    want = ref.dropout_residual_layer_norm_given_keep_torch(v["x"], v["residual"], v["weight"], v["bias"],
+                                                            prm["p"], keep, prm["eps"])
+    allowed = _dropout_allowed(v["x"], v["residual"], v["weight"], v["bias"], keep, prm["p"], prm["eps"], want,
                                precision(impl, case))
     baseline = parity.baseline_errors(case.op, values["x"].dtype, case, values, outs, {"y": want})
     parity.assert_close("y", outs["y"], want, allowed, baseline["y"], dtype=values["x"].dtype,

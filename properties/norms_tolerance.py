@@ -212,8 +212,7 @@ def dropout_input_error(x, residual, keep, p_drop: float, p: Precision) -> torch
     """
     u_in = unit_roundoff(p.dtype)
     x, residual = float64_on(x), float64_on(residual)
-    keep = torch.as_tensor(np.asarray(keep) if not isinstance(keep, torch.Tensor) else keep,
-                           device=x.device).to(torch.bool)
+    keep = torch.as_tensor(keep, device=x.device).to(torch.bool)
     scaled = torch.where(keep, x.abs() / (1.0 - p_drop), 0.0)
     h = torch.where(keep, x / (1.0 - p_drop), 0.0) + residual
     return (u_in + 2 * p.compute) * scaled + max(u_in, p.compute) * h.abs()

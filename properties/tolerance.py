@@ -42,6 +42,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from properties import backend
+
 # Where the three constants come from:
 # * SAFETY = 2: first-order bounds drop products of two rounding errors (n^2 u^2 for a sum
 #   of n terms, below 1e-3 of the first-order term while n u < 1e-3) and fix one order of
@@ -140,7 +142,6 @@ def float64_on(x, device=None) -> torch.Tensor:
     suite's, the GPU when there is one), where the rules and comparisons are evaluated. A
     read-only NumPy view (np.broadcast_to) is copied: torch does not take read-only memory."""
     if device is None:
-        from properties import backend
         device = backend.device()
     if isinstance(x, torch.Tensor):
         return x.detach().to(device=device, dtype=torch.float64)
