@@ -4,7 +4,7 @@
         [--check matches_reference --check gradients_match_reference] [--dtype float16] [--examples 50]
 
 The implementation declares its autotuned kernels as ``fn.autotuned = (kernel, ...)``
-(properties/autotune_configs.py). For each kernel and each of its configs, pinned alone,
+(tritoncheck/autotune_configs.py). For each kernel and each of its configs, pinned alone,
 every check is hunted in every dtype with the self-test's seeded streams; one line per
 (kernel, config, check, dtype): pass, or FAIL with the first line of the failure. Exits 1
 when any config fails.
@@ -30,11 +30,11 @@ def main() -> int:
     parser.add_argument("--backend", default="auto")
     args = parser.parse_args()
 
-    from properties import backend
+    from tritoncheck import backend
     backend.select(args.backend)
     import torch
 
-    from properties import autotune_configs, registry, selfcheck
+    from tritoncheck import autotune_configs, registry, selfcheck
     op_name, _, target = args.impl.partition("=")
     impl = registry.register_implementation(op_name, target)
     op = registry.load()[op_name]

@@ -28,11 +28,11 @@ def main() -> None:
     args = parser.parse_args()
     index, count = (int(x) for x in args.shard.split("/"))
 
-    from properties import backend
+    from tritoncheck import backend
     backend.select(args.backend)
     import torch
     torch.set_num_threads(1)
-    from properties import selfcheck
+    from tritoncheck import selfcheck
 
     jobs = [(s, m, c) for s in args.seeds for m in selfcheck.mutants() for c in m.kills][index::count]
     start, survivors = time.perf_counter(), 0

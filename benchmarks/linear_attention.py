@@ -3,8 +3,8 @@
     python benchmarks/linear_attention.py [--n 4096] [--d 64] [--dtypes float16,float32]
 
 Compares, per (B, H) and dtype, at N = 4096, D = Dv = 64 by default:
-  * triton-chunked: ``kernels.linear_attention.linear_attention(causal=True)`` for each chunk size;
-  * torch-cumsum:   ``controls.linear_attention.torch_linear_attention(causal=True)``
+  * triton-chunked: ``tritoncheck.kernels.linear_attention.linear_attention(causal=True)`` for each chunk size;
+  * torch-cumsum:   ``tritoncheck.controls.linear_attention.torch_linear_attention(causal=True)``
                     (einsum + cumsum in the input dtype, O(N D Dv) memory);
   * torch-loop:     the naive per-token recurrence in PyTorch (input dtype, N steps).
 Times are medians of ``triton.testing.do_bench`` (ms). Also prints the max error of each
@@ -42,9 +42,8 @@ def main() -> int:
               "none found, nothing timed.", file=sys.stderr)
         return 2
     import triton.testing
-
-    from controls.linear_attention import torch_linear_attention
-    from kernels.linear_attention import linear_attention
+    from tritoncheck.controls.linear_attention import torch_linear_attention
+    from tritoncheck.kernels.linear_attention import linear_attention
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=4096)

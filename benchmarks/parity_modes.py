@@ -32,12 +32,12 @@ def main() -> None:
     args = parser.parse_args()
     index, count = (int(x) for x in args.shard.split("/"))
 
-    from properties import backend
+    from tritoncheck import backend
     backend.select(args.backend)
     import torch
     torch.set_num_threads(1)
-    from properties import parity, selfcheck
-    from properties.config import CONFIG
+    from tritoncheck import parity, selfcheck
+    from tritoncheck.config import CONFIG
     if args.seed is not None:
         selfcheck.HUNT_SEED = args.seed
 

@@ -7,14 +7,14 @@ Each (op, dtype) runs the same seeded examples twice through
 matches_reference (and gradients_match_reference where the op has gradients): the
 first pass compiles what it needs, the second finds every kernel compiled, so
 compile time = pass 1 - pass 2 and the warm rate is examples / pass 2. The warm pass's
-time is split by phase (``properties/phases.py``): inputs (materialising the drawn cases),
+time is split by phase (``tritoncheck/phases.py``): inputs (materialising the drawn cases),
 kernel (the implementation, forward and backward), reference (fp64), allowance (the
 derived rules), torch (PyTorch's same-dtype baseline), compare (errors, ULPs, vacuity
 and the report's records of each output) and the rest (Hypothesis's drawing and
 bookkeeping; the whole of an op's own checks, which are not split).
 
 ``--workers N`` runs the rows in N spawned processes, as ``pytest -n N`` does: worker i
-on GPU i % G of the G visible GPUs (properties/devices.py), each taking the next row
+on GPU i % G of the G visible GPUs (tritoncheck/devices.py), each taking the next row
 when it is done with one; the last line is the whole run's rate, every example of both
 passes over the wall time from the first row to the last. The same command with
 CUDA_VISIBLE_DEVICES=0 and with two GPUs visible compares one GPU with two.
@@ -46,11 +46,11 @@ def main() -> None:
     if args.workers:
         return run_workers(args)
 
-    from properties import backend
+    from tritoncheck import backend
     chosen = backend.select(args.backend)
     import torch
 
-    from properties.config import CONFIG, PROFILE_SIZES
+    from tritoncheck.config import CONFIG, PROFILE_SIZES
     CONFIG.size = PROFILE_SIZES[args.profile or ("gpu" if chosen == "cuda" else "ci")]
     device = torch.cuda.get_device_name() if chosen == "cuda" else "CPU (Triton interpreter)"
     print(f"backend {chosen}, device {device}, size {CONFIG.size}, {args.examples} examples per row, "
@@ -63,7 +63,7 @@ def main() -> None:
 
 def rows(op_names, dtype_names) -> list[tuple[str, str, str]]:
     """(op, dtype, check) of every row to time, by name."""
-    from properties import registry, selfcheck
+    from tritoncheck import registry, selfcheck
     ops = registry.load()
     out = []
     for name in op_names or sorted(ops):
@@ -86,7 +86,7 @@ def time_row(name: str, dtype_name: str, check_name: str, examples: int,
     the warm pass's share per phase (PHASES, then the rest) in percent."""
     import torch
 
-    from properties import phases, registry, selfcheck
+    from tritoncheck import phases, registry, selfcheck
     op = registry.load()[name]
     impl = registry.implementations(name)[0]
     check = next(c for c in op.checks if c.name == check_name)
@@ -114,8 +114,8 @@ def _worker(index: int, backend_name: str, size: str, examples: int, todo, done)
     """One spawned worker: GPU index % G, like xdist's gw<index>; rows from ``todo`` until None."""
     import torch
 
-    from properties import backend, devices
-    from properties.config import CONFIG
+    from tritoncheck import backend, devices
+    from tritoncheck.config import CONFIG
     chosen = backend.select(backend_name)
     gpu = devices.select_worker_gpu(f"gw{index}", chosen)
     if chosen == "cuda" and gpu is None:
@@ -132,8 +132,8 @@ def run_workers(args) -> None:
 
     import torch
 
-    from properties import backend
-    from properties.config import PROFILE_SIZES
+    from tritoncheck import backend
+    from tritoncheck.config import PROFILE_SIZES
     chosen = backend.select(args.backend)
     size = PROFILE_SIZES[args.profile or ("gpu" if chosen == "cuda" else "ci")]
     gpus = torch.cuda.device_count() if chosen == "cuda" else 0

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from properties.declarations import ExpectedFailure
+from tritoncheck.declarations import ExpectedFailure
 
 
 def _scale(sm_scale, head_dim: int) -> float:
@@ -205,7 +205,7 @@ def naive_torch(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slo
 # Plain PyTorch: the Triton interpreter's limits (bf16 tl.dot) do not apply.
 sdpa.uses_triton = naive_torch.uses_triton = False
 
-# Registry data (properties/registry.py): checks this control is expected to fail, with why.
+# Registry data (tritoncheck/registry.py): checks this control is expected to fail, with why.
 _CPU_FLASH_NAN = (
     "torch's CPU flash-attention backward (what F.scaled_dot_product_attention runs on CPU) returns "
     "NaN in dq and dk once scores pass about 1e11: q ~ N(0, 0.1^2), k ~ N(0, 1e14^2), scale 1e-3, "

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from properties.declarations import ExpectedFailure
+from tritoncheck.declarations import ExpectedFailure
 
 
 def torch_elu_feature_map(x: torch.Tensor) -> torch.Tensor:
@@ -42,7 +42,7 @@ def torch_linear_attention(q, k, v, causal=False, eps=1e-6):
     return num / den.unsqueeze(-1)
 
 
-# Registry data (properties/registry.py): checks this control is expected to fail, with why.
+# Registry data (tritoncheck/registry.py): checks this control is expected to fail, with why.
 torch_elu_feature_map.expected_failures = {
     "feature_map_positive_finite": (
         "F.elu(x) + 1 rounds elu(x) = exp(x) - 1 to the input dtype before adding 1, so every x "

@@ -76,7 +76,7 @@ for _fn in (torch_cross_entropy, torch_cross_entropy_input_dtype, stored_gradien
     _fn.supports_backward = True
     _fn.uses_triton = False
 
-# Registry data (properties/registry.py): checks this control is expected to fail, with why.
+# Registry data (tritoncheck/registry.py): checks this control is expected to fail, with why.
 _LOSS_IN_INPUT_DTYPE = (
     "F.cross_entropy on float16/bfloat16 logits returns the loss rounded to the logits' dtype "
     "(u(dtype) |loss|: 0.0022 on a loss of 7.58 in float16, 43x the float32 allowance); the contract "

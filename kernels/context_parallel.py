@@ -10,7 +10,7 @@ the whole sequence for its own queries: the contract of ``attention`` (docs/cont
 applied to the concatenated q, k, v, cut back to rank r's rows.
 
 Ring: W steps. At step t rank r holds the k, v chunk of rank s = (r - t) mod W, scores
-its queries against it with the project's flash attention kernel (kernels.attention),
+its queries against it with the project's flash attention kernel (tritoncheck.kernels.attention),
 and meanwhile passes that chunk on to rank r + 1 and receives the next from rank r - 1,
 so every chunk visits every rank once. The blocks' (o_b, lse_b) are merged online in
 fp32 (the log-sum-exp merge, exact in real arithmetic in any order):
@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-
-from kernels.attention import attention as _block_attention
+from tritoncheck.kernels.attention import attention as _block_attention
 
 ALL, DIAGONAL, NONE = "all", "diagonal", "none"
 

@@ -1,7 +1,7 @@
-"""Planted bugs in ``kernels.attention``: each is the project kernel with one source patch.
+"""Planted bugs in ``tritoncheck.kernels.attention``: each is the project kernel with one source patch.
 
 Block sizes matter for the triggers: BLOCK_N is 16 under the Triton interpreter and
-32 or 64 on the GPU (see ``kernels.attention._fwd_config``), so "Nk not a multiple of
+32 or 64 on the GPU (see ``tritoncheck.kernels.attention._fwd_config``), so "Nk not a multiple of
 BLOCK_N" means e.g. Nk = 10 or 40 on both backends.
 
 ``kills`` lists only checks that fail on some input for that bug; the comments say why
@@ -9,8 +9,9 @@ the checks that look related do not.
 """
 from __future__ import annotations
 
-import kernels.attention as _kernel
-from mutants import mutant
+import tritoncheck.kernels.attention as _kernel
+
+from tritoncheck.mutation import mutant
 
 # Keys past Nk in the last block are loaded as k = 0, v = 0 and scored 0 instead of
 # -inf, so each adds exp(0 - m) to the denominator and nothing to the numerator.

@@ -1,4 +1,4 @@
-"""Planted bugs in ``kernels.context_parallel`` (ring attention over ranks): each is the project's
+"""Planted bugs in ``tritoncheck.kernels.context_parallel`` (ring attention over ranks): each is the project's
 implementation with one source patch. The self-test (tests/test_context_parallel.py) runs
 each on 2 gloo ranks on CPU (NCCL ranks on GPUs) and asserts that the checks in ``kills``
 fail on it.
@@ -9,8 +9,9 @@ the mutants below are ones that 2 ranks expose.
 """
 from __future__ import annotations
 
-import kernels.context_parallel as _ring
-from mutants import mutant
+import tritoncheck.kernels.context_parallel as _ring
+
+from tritoncheck.mutation import mutant
 
 # The schedule is one step ahead of the data: at step t the rank holds the chunk of rank
 # r - t but masks and merges it as the chunk of rank r - t - 1. Non-causal every block is

@@ -1,8 +1,9 @@
 """Planted bugs in the rope and swiglu kernels (``kernels/elementwise.py``), one source patch each."""
 from __future__ import annotations
 
-from kernels import elementwise as _kernel
-from mutants import mutant
+from tritoncheck.kernels import elementwise as _kernel
+
+from tritoncheck.mutation import mutant
 
 __all__ = [
     "half_split_pairs", "sin_sign_flipped", "backward_same_rotation", "last_row_block_unwritten",

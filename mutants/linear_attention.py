@@ -6,8 +6,9 @@ that lives at chunk boundaries needs N larger than the chunk in use.
 """
 from __future__ import annotations
 
-from kernels import linear_attention as _k
-from mutants import mutant
+from tritoncheck.kernels import linear_attention as _k
+
+from tritoncheck.mutation import mutant
 
 # ------------------------------------------------------------ linear_attention
 

@@ -1,8 +1,9 @@
 """Planted bugs in the cross-entropy kernel (``kernels/losses.py``), one source patch each."""
 from __future__ import annotations
 
-from kernels import losses as _kernel
-from mutants import mutant
+from tritoncheck.kernels import losses as _kernel
+
+from tritoncheck.mutation import mutant
 
 __all__ = ["padded_logits_zero", "ignore_index_not_zeroed", "no_max_subtraction", "grad_missing_onehot"]
 

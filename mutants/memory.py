@@ -8,8 +8,9 @@ This module is not a family module, so the self-test does not hunt it.
 """
 from __future__ import annotations
 
-from kernels import elementwise as _kernel
-from mutants import mutant
+from tritoncheck.kernels import elementwise as _kernel
+
+from tritoncheck.mutation import mutant
 
 __all__ = ["store_past_the_end"]
 

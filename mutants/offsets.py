@@ -3,8 +3,9 @@ GPU only) rather than the self-test: no fuzzed case is large enough to trigger t
 This module is not a family module, so the self-test does not hunt it."""
 from __future__ import annotations
 
-from kernels import losses as _kernel
-from mutants import mutant
+from tritoncheck.kernels import losses as _kernel
+
+from tritoncheck.mutation import mutant
 
 __all__ = ["row_offset_int32"]
 

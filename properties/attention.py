@@ -32,7 +32,7 @@ The domain (what the contract can mean for finite inputs of the dtype):
 Tolerances: ``rules.attention`` and ``rules.attention_grad`` (derivations there).
 The lse rule admits scores rounded to the input dtype: plain PyTorch attention in fp16
 or bf16 forms ``q @ k^T * sm_scale`` in that dtype, and its logsumexp inherits the
-rounding (controls.attention.naive_torch's fp16 lse is 0.017 off for scores around 50,
+rounding (tritoncheck.controls.attention.naive_torch's fp16 lse is 0.017 off for scores around 50,
 87 times an fp32-score bound); the kernel, with fp32 scores, uses 4% of it in fp16.
 """
 from __future__ import annotations
@@ -44,18 +44,18 @@ import numpy as np
 import torch
 from hypothesis import assume
 from hypothesis import strategies as st
+from tritoncheck.properties import attention_dropout as _dropout
+from tritoncheck.properties import attention_tolerance as rules
+from tritoncheck.references import attention as ref
 
-from properties import attention_dropout as _dropout
-from properties import attention_tolerance as rules
-from properties import backend, tolerance
-from properties.config import CONFIG
-from properties.generic import generic_checks, precision, require_grad_fn, run, with_upstream
-from properties.generic import gradients_match_reference as _generic_gradients_match_reference
-from properties.limits import NO_LIMITS, Limits, OutsideLimits
-from properties.oracle import assert_close, assert_identical, to_numpy
-from properties.registry import OPS, Check, Implementation, OpSpec, register
-from properties.strategies import LONG_FROM, Case, Layout, TensorSpec, layouts, special_values, tensors
-from references import attention as ref
+from tritoncheck import backend, tolerance
+from tritoncheck.config import CONFIG
+from tritoncheck.generic import generic_checks, precision, require_grad_fn, run, with_upstream
+from tritoncheck.generic import gradients_match_reference as _generic_gradients_match_reference
+from tritoncheck.limits import NO_LIMITS, Limits, OutsideLimits
+from tritoncheck.oracle import assert_close, assert_identical, to_numpy
+from tritoncheck.registry import OPS, Check, Implementation, OpSpec, register
+from tritoncheck.strategies import LONG_FROM, Case, Layout, TensorSpec, layouts, special_values, tensors
 
 # The interpreter's blocks (16 x 16) and the GPU's (32 and 64): sizes around them.
 BLOCKS = (16, 32, 64)
@@ -392,7 +392,7 @@ def _in_gradient_domain(case: Case, inputs64, outputs64, grads64) -> None:
 
 
 def gradients_match_reference(case: Case, impl: Implementation) -> None:
-    """Gradients dq, dk, dv match fp64 PyTorch autograd (references.attention.attention_torch)
+    """Gradients dq, dk, dv match fp64 PyTorch autograd (tritoncheck.references.attention.attention_torch)
     on the same rounded inputs and upstream gradient, within the derived tolerance; cases
     outside the gradient domain are not drawn: backward sums beyond max / 8 of the dtype
     (:func:`_backward_sums_in_domain`), or a derived allowance beyond max / 8. Past that
@@ -791,7 +791,7 @@ def window_outside_keys_ignored(case: Case, impl: Implementation) -> None:
         if fill is not None and name == "k":
             fresh = torch.full_like(fresh, fill)
         # torch.where, not a boolean-index assignment: under deterministic algorithms (on
-        # while a check runs, properties/poisoning.py) CUDA's index_put_ wrote the fresh
+        # while a check runs, tritoncheck/poisoning.py) CUDA's index_put_ wrote the fresh
         # rows to the wrong keys on an H100 (torch 2.11), and the check blamed the kernel
         changed[name] = _relayout(case.tensors[name], torch.where(outside.to(old.device)[:, None], fresh, old))
     _, outs2 = run(case, impl, changed)
@@ -967,7 +967,7 @@ register(OpSpec(
     arguments=("q", "k", "v", "causal", "sm_scale", "window", "alibi_slopes", "softcap", "dropout_p", "seed",
                "return_keep"),
     outputs=("o", "lse"),
-    kernel="kernels.attention:attention",
+    kernel="tritoncheck.kernels.attention:attention",
     reference=ref.attention,
     torch_reference=ref.attention_torch,
     cases=attention_cases,

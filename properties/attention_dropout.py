@@ -17,7 +17,7 @@ own RNG. So the checks are:
   count over the visible pairs is Binomial(n, 1 - p), and pairs of rows, and pairs of heads,
   agree as often as independent masks do.
 * ``dropout_matches_reference``: o matches the fp64 reference given the returned mask
-  (``references.attention.attention(..., keep=)``) within ``rules.attention_dropout``; lse
+  (``tritoncheck.references.attention.attention(..., keep=)``) within ``rules.attention_dropout``; lse
   matches the dropout-free reference within ``rules.attention``'s allowance.
 * ``dropout_gradient_uses_keep``: with the upstream gradient on one query row, dv of every
   key the returned mask drops there (or the band hides) is exactly 0: the backward uses
@@ -25,14 +25,14 @@ own RNG. So the checks are:
 
 Statistics. Only visible pairs (i, j) count: outside the band the mask is unspecified.
 A kept count K ~ Binomial(n, 1 - p) fails when the two-sided Chernoff bound of a count as
-far from n (1 - p) is below ALARM_KEEP / 2 (``properties.stats.binomial_tail_bound``). Two
+far from n (1 - p) is below ALARM_KEEP / 2 (``tritoncheck.stats.binomial_tail_bound``). Two
 independent draws agree with probability a = p^2 + (1 - p)^2; disjoint pairs (rows 2r and
 2r + 1 of one head; heads 2t and 2t + 1 of one batch, at the same (i, j)) give independent
 agreements, so their agreement count is Binomial(n, a) under independence and is tested
 the same way, rows and heads at ALARM_INDEPENDENT / 2 each. Two seeds' masks over n
 visible pairs coincide with probability a^n: compared only where a^n < COINCIDENCE. Per
 example: ALARM_KEEP + ALARM_INDEPENDENT and COINCIDENCE (``Check.false_alarm``); together
-with norms' checks 2.4e-8 per example (properties/stats.py).
+with norms' checks 2.4e-8 per example (tritoncheck/stats.py).
 
 Shapes stay small on the interpreter (Nq, Nk <= SMALL_N, D <= SMALL_D, a few tiles): Philox
 runs as NumPy there, and a check calls the kernel one to three times (see SMALL_TILES).
@@ -52,19 +52,19 @@ import math
 
 import numpy as np
 import torch
+from tritoncheck.properties import attention_tolerance as rules
+from tritoncheck.references import attention as ref
 
-from properties import attention_tolerance as rules
-from properties import backend
-from properties.config import CONFIG
-from properties.generic import precision, require_grad_fn, run, with_upstream
-from properties.oracle import assert_close, assert_identical, to_numpy
-from properties.phases import timed
-from properties.registry import OPS, Check, Implementation
-from properties.stats import COINCIDENCE, FALSE_ALARM, agreement, binomial_tail_bound
-from properties.strategies import Case
-from references import attention as ref
+from tritoncheck import backend
+from tritoncheck.config import CONFIG
+from tritoncheck.generic import precision, require_grad_fn, run, with_upstream
+from tritoncheck.oracle import assert_close, assert_identical, to_numpy
+from tritoncheck.phases import timed
+from tritoncheck.registry import OPS, Check, Implementation
+from tritoncheck.stats import COINCIDENCE, FALSE_ALARM, agreement, binomial_tail_bound
+from tritoncheck.strategies import Case
 
-DROPPED = (0.1, 0.5, 0.9, 0.25)  # the nonzero dropout probabilities the checks draw (properties.attention.DROPOUT_PS)
+DROPPED = (0.1, 0.5, 0.9, 0.25)  # the nonzero dropout probabilities the checks draw (tritoncheck.properties.attention.DROPOUT_PS)
 ALARM_KEEP = FALSE_ALARM / 2  # per example, dropout_keep_iid's kept count
 ALARM_INDEPENDENT = FALSE_ALARM / 2  # per example, dropout_keep_iid's agreements (rows and heads, half each)
 # The interpreter's budget (CI: 2 cores, 20 examples per test and dtype). A tl.rand costs
@@ -81,9 +81,9 @@ SMALL_TILES = 4
 
 
 def _family():
-    """properties.attention, which imports this module to register its checks: read at call
+    """tritoncheck.properties.attention, which imports this module to register its checks: read at call
     time, so that either module may be imported first."""
-    from properties import attention
+    from tritoncheck.properties import attention
     return attention
 
 
@@ -265,9 +265,9 @@ def dropout_matches_reference(case: Case, impl: Implementation) -> None:
                                              precision(impl, case), window, **extra)
     what = f"does not match the fp64 reference given the returned keep mask (dropout_p = {p:g})"
     assert_close("o", outs["o"], o, a_o, what=what, dtype=values["q"].dtype, record=False,
-                 rule="properties.attention_tolerance.attention_dropout")
+                 rule="tritoncheck.properties.attention_tolerance.attention_dropout")
     assert_close("lse", outs["lse"], lse, a_lse, what="lse (dropout-free) " + what, dtype=torch.float32,
-                 record=False, rule="properties.attention_tolerance.attention")
+                 record=False, rule="tritoncheck.properties.attention_tolerance.attention")
 
 
 def dropout_gradient_uses_keep(case: Case, impl: Implementation) -> None:

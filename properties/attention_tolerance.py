@@ -1,7 +1,7 @@
 """Tolerance rules of the attention family: o and lse of attention, and its gradients.
 
 The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
-their sources) are in :mod:`properties.tolerance`.
+their sources) are in :mod:`tritoncheck.tolerance`.
 
 The rules are evaluated in float64 torch on the device the suite runs on (the GPU when
 there is one), over blocks of query rows: a rule's cost is a few N x N products and
@@ -17,10 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from tritoncheck.references.attention import alibi_bias_torch as _alibi_bias
+from tritoncheck.references.attention import visible_pairs_torch
 
-from properties import backend
-from properties.oracle import to_numpy
-from properties.tolerance import (
+from tritoncheck import backend
+from tritoncheck.oracle import to_numpy
+from tritoncheck.tolerance import (
     DOT_READ_FLOOR,
     EXP_ULPS,
     SAFETY,
@@ -29,8 +31,6 @@ from properties.tolerance import (
     sum_error,
     unit_roundoff,
 )
-from references.attention import alibi_bias_torch as _alibi_bias
-from references.attention import visible_pairs_torch
 
 # elements of one [B, H, rows, Nk] float64 intermediate (128 MiB); a block of rows holds
 # about twenty of them at once
@@ -49,7 +49,7 @@ def _row_blocks(heads: int, n_q: int, n_k: int):
 
 def attention_scores(q, k, causal: bool, scale: float, window=(-1, -1), alibi_slopes=None, softcap: float = 0.0,
                      rows: slice | None = None, n_q: int | None = None):
-    """fp64 scores (scaled, softcapped, ALiBi-biased: references.attention), -inf at masked
+    """fp64 scores (scaled, softcapped, ALiBi-biased: tritoncheck.references.attention), -inf at masked
     (i, j) (causal and window, bottom-right aligned); and the mask of kept pairs. k has q's
     heads (GQA: see :func:`_repeat_kv`). ``q`` holds query rows ``rows`` of ``n_q`` (default: all)."""
     n_q = q.shape[-2] if n_q is None else n_q
@@ -112,7 +112,7 @@ def attention_score_error(q, k, s, visible, scale: float, p: Precision, alibi_sl
     dtype) passes through the cap with the derivative 1 - tanh^2 <= 1 at some point
     between r and r + e_r: at most g = 1 - tanh(max(0, |r| - e_r) / c)^2, the cap's effect
     on the condition (a saturated score barely moves). Then tanh's own absolute error,
-    (2 EXP_ULPS + 7) u (kernels.attention._tanh), times c; the product c t and the later
+    (2 EXP_ULPS + 7) u (tritoncheck.kernels.attention._tanh), times c; the product c t and the later
     log2(e) product (u |s_c| each, and u |s_c| for the conversion of the scale path); in
     the dtype, torch.tanh's rounding and the products: 3 u(dtype) |s_c|.
     ALiBi (s = s_c - slope |i + Nk - Nq - j|, slopes exact in fp32): slope * distance and

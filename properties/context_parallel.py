@@ -13,11 +13,11 @@ rows of ``attention(q, k, v, causal, sm_scale)`` over the whole sequence: o
 by global position (key start_s + j is visible to query start_r + i iff
 start_s + j <= start_r + i).
 
-The check launches W processes (``properties/rank_pool.py``: gloo on CPU, NCCL on GPUs,
+The check launches W processes (``tritoncheck/rank_pool.py``: gloo on CPU, NCCL on GPUs,
 rank r on GPU r), draws cases (attention's strategy with Nq == Nk, causal or not, the
 sequence split evenly or at drawn cut points), hands each rank its chunks, runs the
 implementation on every rank, gathers o and lse, and compares them with
-``references.attention.attention`` on the whole sequence (``matches_reference``), and that
+``tritoncheck.references.attention.attention`` on the whole sequence (``matches_reference``), and that
 causal rows do not change, bit for bit, when later keys and values do
 (``causal_rows_unchanged``).
 
@@ -40,19 +40,19 @@ import numpy as np
 import torch
 from hypothesis import HealthCheck, Phase, assume, given, seed, settings
 from hypothesis import strategies as st
+from tritoncheck.properties import attention_tolerance as rules
+from tritoncheck.properties.attention import NO_WINDOW, attention_cases
+from tritoncheck.references import attention as ref
 
-from properties import attention_tolerance as rules
-from properties import backend, rank_pool, registry, tolerance
-from properties.attention import NO_WINDOW, attention_cases
-from properties.oracle import assert_close, assert_identical, recording
-from properties.strategies import FLOAT_DTYPES, Case
-from properties.tolerance import EXP_ULPS, SAFETY, U32, Precision
-from references import attention as ref
+from tritoncheck import backend, rank_pool, registry, tolerance
+from tritoncheck.oracle import assert_close, assert_identical, recording
+from tritoncheck.strategies import FLOAT_DTYPES, Case
+from tritoncheck.tolerance import EXP_ULPS, SAFETY, U32, Precision
 
 OP = "cp_attention"
-KERNEL = "kernels.context_parallel:cp_attention"
+KERNEL = "tritoncheck.kernels.context_parallel:cp_attention"
 DTYPES = FLOAT_DTYPES  # attention's
-CONTROLS = ("controls.context_parallel:all_gather_torch",)
+CONTROLS = ("tritoncheck.controls.context_parallel:all_gather_torch",)
 DEFAULT_WORLD_SIZE = 2  # what CPU CI runs (two gloo processes); --cp-world-size to change
 HUNT_EXAMPLES = 100  # a mutant must die within this many examples per dtype
 HUNT_SEED = 20261124
@@ -304,7 +304,7 @@ class _Named:
 
 @dataclasses.dataclass(frozen=True)
 class ReportTarget:
-    """What the tolerance report's collector (properties/report.py) reads of a
+    """What the tolerance report's collector (tritoncheck/report.py) reads of a
     ``harness.Target``, for a context-parallel check: its rows, example counts and
     timings go into the same report.json, under op ``cp_attention``."""
 
@@ -326,8 +326,8 @@ def report_target(target: str, dtype: torch.dtype, check: str) -> ReportTarget:
 def reported(report_target_: ReportTarget, case: Case):
     """Record the comparisons made inside (and the example's time) for the tolerance report,
     when the run collects one (conftest.py sets the collector)."""
-    from properties import harness
-    collector = harness._collector
+    from tritoncheck import harness
+    collector = harness.collector()
     sink = collector.sink(report_target_, case) if collector is not None else None
     start = time.perf_counter()
     try:
@@ -343,12 +343,12 @@ def vacuity_failure(report_target_: ReportTarget) -> str | None:
     when more than half of the examples that compared an output were mostly vacuous for
     it (the allowance reached |expected| in most elements), the test has not shown that
     the output is right, and fails."""
-    from properties import harness
-    if harness._collector is None:
+    from tritoncheck import harness
+    if harness.collector() is None:
         return None
     problems = [f"output {output!r}: {vacuous} of {examples} examples were vacuous (the allowance of "
-                f"properties.context_parallel.matches_reference reached |expected| in most elements)"
-                for output, (examples, vacuous) in sorted(harness._collector.vacuity.get(report_target_.id,
+                f"tritoncheck.properties.context_parallel.matches_reference reached |expected| in most elements)"
+                for output, (examples, vacuous) in sorted(harness.collector().vacuity.get(report_target_.id,
                                                                                           {}).items())
                 if 2 * vacuous > examples]
     if not problems:

@@ -7,18 +7,18 @@ import math
 import numpy as np
 import torch
 from hypothesis import strategies as st
+from tritoncheck.properties import elementwise_tolerance as rules
+from tritoncheck.references import elementwise as ref
 
-from properties import elementwise_tolerance as rules
-from properties.config import CONFIG
-from properties.generic import UPSTREAM_FAMILIES, generic_checks, precision, run
-from properties.limits import NO_LIMITS, Limits
-from properties.oracle import assert_close, to_numpy
-from properties.registry import Check, Implementation, OpSpec, register
-from properties.strategies import Case, Layout, TensorSpec, layouts, sizes, special_values, tensors
-from references import elementwise as ref
+from tritoncheck.config import CONFIG
+from tritoncheck.generic import UPSTREAM_FAMILIES, generic_checks, precision, run
+from tritoncheck.limits import NO_LIMITS, Limits
+from tritoncheck.oracle import assert_close, to_numpy
+from tritoncheck.registry import Check, Implementation, OpSpec, register
+from tritoncheck.strategies import Case, Layout, TensorSpec, layouts, sizes, special_values, tensors
 
 # cos and sin must come from real angles, as every model builds them: the spine's
-# "cos_of_angles" / "sin_of_angles" families (properties/strategies.py) rebuild a
+# "cos_of_angles" / "sin_of_angles" families (tritoncheck/strategies.py) rebuild a
 # [S, D/2] table from its seed; a cos spec and a sin spec with the same seed, shape
 # and scale share theta.
 ANGLE_FAMILIES = ("cos_of_angles", "sin_of_angles")
@@ -104,7 +104,7 @@ register(OpSpec(
     dims={"B": ("x", 0), "H": ("x", 1), "S": ("x", 2), "D": ("x", 3)},
     arguments=("x", "cos", "sin"),
     outputs=("y",),
-    kernel="kernels.elementwise:rope",
+    kernel="tritoncheck.kernels.elementwise:rope",
     reference=ref.rope,
     torch_reference=ref.rope_torch,
     cases=rope_cases,
@@ -191,7 +191,7 @@ register(OpSpec(
     dims={"N": ("gate", -1)},
     arguments=("gate", "up"),
     outputs=("y",),
-    kernel="kernels.elementwise:swiglu",
+    kernel="tritoncheck.kernels.elementwise:swiglu",
     reference=ref.swiglu,
     torch_reference=ref.swiglu_torch,
     cases=swiglu_cases,

@@ -1,7 +1,7 @@
 """Tolerance rules of the elementwise family: rope (and its pair norms) and swiglu, with gradients.
 
 The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
-their sources) are in :mod:`properties.tolerance`. The rules are evaluated in float64
+their sources) are in :mod:`tritoncheck.tolerance`. The rules are evaluated in float64
 torch on the suite's device (the GPU when there is one); arguments may be NumPy arrays
 or tensors, results are NumPy."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from properties.oracle import to_numpy
-from properties.tolerance import EXP_ULPS, SAFETY, Precision, float64_on, unit_roundoff
+from tritoncheck.oracle import to_numpy
+from tritoncheck.tolerance import EXP_ULPS, SAFETY, Precision, float64_on, unit_roundoff
 
 
 def _interleave(even: torch.Tensor, odd: torch.Tensor) -> torch.Tensor:

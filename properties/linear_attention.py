@@ -34,16 +34,16 @@ import numpy as np
 import torch
 from hypothesis import assume
 from hypothesis import strategies as st
+from tritoncheck.properties import linear_attention_tolerance as rules
+from tritoncheck.references import linear_attention as ref
 
-from properties import backend, generic, parity, tolerance
-from properties import linear_attention_tolerance as rules
-from properties.config import CONFIG
-from properties.generic import generic_checks, precision, run
-from properties.limits import NO_LIMITS, Limits
-from properties.oracle import assert_close, assert_identical, to_numpy
-from properties.registry import OPS, Check, Implementation, OpSpec, register
-from properties.strategies import FAMILIES, Case, Layout, TensorSpec, layouts, sizes, special_values, tensors
-from references import linear_attention as ref
+from tritoncheck import backend, generic, parity, tolerance
+from tritoncheck.config import CONFIG
+from tritoncheck.generic import generic_checks, precision, run
+from tritoncheck.limits import NO_LIMITS, Limits
+from tritoncheck.oracle import assert_close, assert_identical, to_numpy
+from tritoncheck.registry import OPS, Check, Implementation, OpSpec, register
+from tritoncheck.strategies import FAMILIES, Case, Layout, TensorSpec, layouts, sizes, special_values, tensors
 
 # ------------------------------------------------------------------ elu_feature_map
 
@@ -122,7 +122,7 @@ register(OpSpec(
     dims={"N": ("x", -1)},
     arguments=("x",),
     outputs=("y",),
-    kernel="kernels.linear_attention:elu_feature_map",
+    kernel="tritoncheck.kernels.linear_attention:elu_feature_map",
     reference=ref.elu_feature_map,
     torch_reference=ref.elu_feature_map_torch,
     cases=elu_feature_map_cases,
@@ -364,7 +364,7 @@ register(OpSpec(
     choices={"causal": (False, True)},
     arguments=("q", "k", "v", "causal", "eps"),
     outputs=("o",),
-    kernel="kernels.linear_attention:linear_attention",
+    kernel="tritoncheck.kernels.linear_attention:linear_attention",
     reference=ref.linear_attention,
     torch_reference=ref.linear_attention_torch,
     cases=linear_attention_cases,

@@ -1,16 +1,16 @@
 """Tolerance rules of the linear-attention family: the ELU+1 feature map and linear attention.
 
 The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
-their sources) are in :mod:`properties.tolerance`. The rules are evaluated in float64
+their sources) are in :mod:`tritoncheck.tolerance`. The rules are evaluated in float64
 torch on the suite's device (the GPU when there is one); arguments may be NumPy arrays
 or tensors, results are NumPy."""
 from __future__ import annotations
 
 import numpy as np
 import torch
+from tritoncheck.references.linear_attention import causal_state_reads
 
-from properties.tolerance import DOT_READ_FLOOR, EXP_ULPS, SAFETY, Precision, float64_on, sum_error, unit_roundoff
-from references.linear_attention import causal_state_reads
+from tritoncheck.tolerance import DOT_READ_FLOOR, EXP_ULPS, SAFETY, Precision, float64_on, sum_error, unit_roundoff
 
 
 def _la_half_subnormal(dtype: torch.dtype) -> float:
@@ -101,7 +101,7 @@ def linear_attention(q, k, v, o, causal: bool, eps: float, p: Precision) -> np.n
     store of o (u(dtype) |o|) and the underflow floor.
 
     Evaluated in float64 torch on the suite's device (the GPU when there is one): the
-    causal M_i is an N D Dv computation (:func:`references.linear_attention.causal_state_reads`).
+    causal M_i is an N D Dv computation (:func:`tritoncheck.references.linear_attention.causal_state_reads`).
     Arguments may be NumPy arrays or tensors; the result is NumPy.
     """
     q, k, v, o = (float64_on(a) for a in (q, k, v, o))

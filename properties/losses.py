@@ -5,16 +5,16 @@ import numpy as np
 import torch
 from hypothesis import assume
 from hypothesis import strategies as st
+from tritoncheck.properties import losses_tolerance as rules
+from tritoncheck.references import losses as ref
 
-from properties import backend
-from properties import losses_tolerance as rules
-from properties.config import CONFIG
-from properties.generic import generic_checks, precision, require_grad_fn, run, with_upstream
-from properties.limits import NO_LIMITS, Limits
-from properties.oracle import assert_close, assert_identical, to_numpy
-from properties.registry import OPS, Check, Implementation, OpSpec, register
-from properties.strategies import FAMILIES, Case, TensorSpec, special_values, tensors
-from references import losses as ref
+from tritoncheck import backend
+from tritoncheck.config import CONFIG
+from tritoncheck.generic import generic_checks, precision, require_grad_fn, run, with_upstream
+from tritoncheck.limits import NO_LIMITS, Limits
+from tritoncheck.oracle import assert_close, assert_identical, to_numpy
+from tritoncheck.registry import OPS, Check, Implementation, OpSpec, register
+from tritoncheck.strategies import FAMILIES, Case, TensorSpec, special_values, tensors
 
 BLOCKS = (128, 4096)  # the kernel's column block caps (interpreter, GPU): V past them takes the online path
 IGNORE_INDICES = (-100, 0, -1)  # the default; and values inside [0, V) / negative, which the contract allows
@@ -194,7 +194,7 @@ register(OpSpec(
     dims={"M": ("logits", 0), "V": ("logits", 1)},
     arguments=("logits", "target", "ignore_index"),
     outputs=("loss",),
-    kernel="kernels.losses:cross_entropy",
+    kernel="tritoncheck.kernels.losses:cross_entropy",
     reference=ref.cross_entropy,
     torch_reference=ref.cross_entropy_torch,
     cases=cross_entropy_cases,

@@ -1,7 +1,7 @@
 """Tolerance rules of the losses family: cross-entropy loss and its gradient.
 
 The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
-their sources) are in :mod:`properties.tolerance`. The rules are evaluated in float64
+their sources) are in :mod:`tritoncheck.tolerance`. The rules are evaluated in float64
 torch on the suite's device (the GPU when there is one: a [M, V] row of a 256k
 vocabulary is a few passes there); arguments may be NumPy arrays or tensors, results
 are NumPy."""
@@ -12,8 +12,8 @@ import math
 import numpy as np
 import torch
 
-from properties import backend
-from properties.tolerance import EXP_ULPS, SAFETY, Precision, float64_on, sum_error
+from tritoncheck import backend
+from tritoncheck.tolerance import EXP_ULPS, SAFETY, Precision, float64_on, sum_error
 
 
 def _targets(target, device) -> torch.Tensor:

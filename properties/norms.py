@@ -19,18 +19,18 @@ import numpy as np
 import torch
 from hypothesis import assume
 from hypothesis import strategies as st
+from tritoncheck.properties import norms_tolerance as rules
+from tritoncheck.references import norms as ref
 
-from properties import backend, parity, tolerance
-from properties import norms_tolerance as rules
-from properties.config import CONFIG
-from properties.generic import generic_checks, gradients_match_reference, precision, run
-from properties.limits import NO_LIMITS, Limits
-from properties.oracle import assert_close, assert_identical, to_numpy
-from properties.registry import Check, Implementation, OpSpec, register
-from properties.stats import COINCIDENCE, FALSE_ALARM
-from properties.stats import binomial_tail_bound as _binomial_tail_bound
-from properties.strategies import Case, TensorSpec, sizes, special_values, tensors
-from references import norms as ref
+from tritoncheck import backend, parity, tolerance
+from tritoncheck.config import CONFIG
+from tritoncheck.generic import generic_checks, gradients_match_reference, precision, run
+from tritoncheck.limits import NO_LIMITS, Limits
+from tritoncheck.oracle import assert_close, assert_identical, to_numpy
+from tritoncheck.registry import Check, Implementation, OpSpec, register
+from tritoncheck.stats import COINCIDENCE, FALSE_ALARM
+from tritoncheck.stats import binomial_tail_bound as _binomial_tail_bound
+from tritoncheck.strategies import Case, TensorSpec, sizes, special_values, tensors
 
 BLOCKS = (64, 4096)  # the kernel's column-block caps (interpreter, GPU): rows past one block loop
 LN_ROW_BLOCKS = 16  # small profile: rows x ceil(N / 64) per layer_norm case
@@ -53,7 +53,7 @@ BIAS_FAMILIES = ("normal", "constant", "outlier", "offset")
 AFFINE_SCALES = (1.0, 0.1, 10.0, 1e-3)
 FP32_MAX = float(torch.finfo(torch.float32).max)
 # The false-alarm rates of the keep-mask checks and the binomial tail bound are shared with
-# attention's dropout checks: properties/stats.py (with why 1e-8).
+# attention's dropout checks: tritoncheck/stats.py (with why 1e-8).
 
 
 def domain_cap(dtype: torch.dtype, n: int) -> float:
@@ -154,11 +154,11 @@ def dropout_reference(x, residual, weight, bias, p, seed, eps=1e-5):
     """fp64 reference of the fused op where the contract fixes the mask: at p = 0
     every element is kept (``keep`` all True). For p > 0 the mask comes from the
     implementation's own RNG; the suite then checks y against
-    ``references.norms.dropout_residual_layer_norm_given_keep`` built from the returned
+    ``tritoncheck.references.norms.dropout_residual_layer_norm_given_keep`` built from the returned
     mask (``dropout_matches_reference``) and the mask by its own properties."""
     if p != 0:
         raise ValueError("dropout_residual_layer_norm has no reference for p > 0 without the keep mask: use "
-                         "references.norms.dropout_residual_layer_norm_given_keep(x, residual, weight, bias, p, "
+                         "tritoncheck.references.norms.dropout_residual_layer_norm_given_keep(x, residual, weight, bias, p, "
                          "keep, eps) with the implementation's keep")
     x = np.asarray(x, dtype=np.float64)
     return ref.layer_norm(x + np.asarray(residual, dtype=np.float64), weight, bias, eps), np.ones(x.shape, bool)
@@ -430,7 +430,7 @@ register(OpSpec(
     dims={"N": ("x", -1)},
     arguments=("x", "weight", "bias", "eps"),
     outputs=("y",),
-    kernel="kernels.norms:layer_norm",
+    kernel="tritoncheck.kernels.norms:layer_norm",
     reference=ref.layer_norm,
     torch_reference=ref.layer_norm_torch,
     cases=layer_norm_cases,
@@ -457,7 +457,7 @@ register(OpSpec(
     dims={"N": ("x", -1)},
     arguments=("x", "residual", "weight", "bias", "p", "seed", "eps"),
     outputs=("y", "keep"),
-    kernel="kernels.norms:dropout_residual_layer_norm",
+    kernel="tritoncheck.kernels.norms:dropout_residual_layer_norm",
     reference=dropout_reference,
     torch_reference=dropout_reference_torch,
     cases=dropout_residual_layer_norm_cases,

@@ -1,7 +1,7 @@
 """Tolerance rules of the norms family: layer norm (and its gradients) and dropout + residual + layer norm.
 
 The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
-their sources) are in :mod:`properties.tolerance`. The rules are evaluated in float64
+their sources) are in :mod:`tritoncheck.tolerance`. The rules are evaluated in float64
 torch on the suite's device (the GPU when there is one); arguments may be NumPy arrays
 or tensors, results are NumPy (:func:`layer_norm_xhat`, a piece, returns tensors)."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import math
 import numpy as np
 import torch
 
-from properties.oracle import to_numpy
-from properties.tolerance import EXP_ULPS, SAFETY, SUM_LAMBDA, Precision, float64_on, sum_error, unit_roundoff
+from tritoncheck.oracle import to_numpy
+from tritoncheck.tolerance import EXP_ULPS, SAFETY, SUM_LAMBDA, Precision, float64_on, sum_error, unit_roundoff
 
 
 def _layer_norm_stats(h: torch.Tensor, eps: float):

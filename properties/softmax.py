@@ -7,16 +7,16 @@ import numpy as np
 import torch
 from hypothesis import assume
 from hypothesis import strategies as st
+from tritoncheck.properties import softmax_tolerance as rules
+from tritoncheck.references import softmax as ref
 
-from properties import backend
-from properties import softmax_tolerance as rules
-from properties.config import CONFIG
-from properties.generic import generic_checks, precision, run
-from properties.limits import NO_LIMITS, Limits
-from properties.oracle import assert_close, assert_identical, to_numpy
-from properties.registry import Check, Implementation, OpSpec, register
-from properties.strategies import FAMILIES, Case, TensorSpec, sizes, special_values, tensors
-from references import softmax as ref
+from tritoncheck import backend
+from tritoncheck.config import CONFIG
+from tritoncheck.generic import generic_checks, precision, run
+from tritoncheck.limits import NO_LIMITS, Limits
+from tritoncheck.oracle import assert_close, assert_identical, to_numpy
+from tritoncheck.registry import Check, Implementation, OpSpec, register
+from tritoncheck.strategies import FAMILIES, Case, TensorSpec, sizes, special_values, tensors
 
 TEMPERATURES = (1.0, 0.5, 2.0, 0.1, 7.3)
 BLOCKS = (1024, 8192)  # the project kernel's single-block limits (interpreter, GPU)
@@ -216,7 +216,7 @@ register(OpSpec(
     choices={"temperature": TEMPERATURES},
     arguments=("x", "temperature"),
     outputs=("y",),
-    kernel="kernels.softmax:softmax",
+    kernel="tritoncheck.kernels.softmax:softmax",
     reference=ref.softmax,
     torch_reference=ref.softmax_torch,
     cases=softmax_cases,

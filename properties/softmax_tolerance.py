@@ -1,7 +1,7 @@
 """Tolerance rules of the softmax family: softmax, its gradient, and the row sum of its output.
 
 The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
-their sources) are in :mod:`properties.tolerance`. The rules are evaluated in float64
+their sources) are in :mod:`tritoncheck.tolerance`. The rules are evaluated in float64
 torch on the suite's device (the GPU when there is one); arguments may be NumPy arrays
 or tensors, results are NumPy (:func:`softmax_exponent_error` and
 :func:`softmax_allowance`, the pieces, return tensors)."""
@@ -12,8 +12,8 @@ import math
 import numpy as np
 import torch
 
-from properties.oracle import to_numpy
-from properties.tolerance import EXP_ULPS, SAFETY, Precision, float64_on, sum_error, unit_roundoff
+from tritoncheck.oracle import to_numpy
+from tritoncheck.tolerance import EXP_ULPS, SAFETY, Precision, float64_on, sum_error, unit_roundoff
 
 
 def softmax_exponent_error(x, temperature: float, p: Precision) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,7 +2,7 @@
 memory checker to watch (a script, not a test: run it under compute-sanitizer).
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 7 \\
-        python3 scripts/memcheck.py [--examples 3] [--op swiglu] [--impl swiglu=mutants.memory:store_past_the_end]
+        python3 scripts/memcheck.py [--examples 3] [--op swiglu] [--impl swiglu=tritoncheck.mutants.memory:store_past_the_end]
 
 PyTorch's caching allocator carves many tensors out of one cudaMalloc, and the
 sanitizer only sees the edges of what was cudaMalloc'd: a store a few elements past
@@ -50,11 +50,11 @@ def main() -> int:
     parser.add_argument("--backend", default="cuda", help="interpret only to try the script without a GPU")
     args = parser.parse_args()
 
-    from properties import backend
+    from tritoncheck import backend
     backend.select(args.backend)
     import torch
 
-    from properties import generic, registry
+    from tritoncheck import generic, registry
     ops = registry.load()
     for spec in args.impl:
         op, _, target = spec.partition("=")

@@ -1,4 +1,4 @@
-"""Callables for properties/rank_pool.py's tests, imported by name on every spawned rank."""
+"""Callables for tritoncheck/rank_pool.py's tests, imported by name on every spawned rank."""
 import time
 
 import torch.distributed as dist

@@ -7,12 +7,11 @@ cos/sin in another dtype than x, dropout. The ``*_declared`` twins declare the s
 limits with ``fn.limits``. tests/test_refusals.py runs the suite on them with ``--impl``.
 """
 import torch
-
-from kernels.attention import attention as _attention
-from kernels.elementwise import rope as _rope
-from kernels.linear_attention import linear_attention as _linear_attention
-from kernels.softmax import softmax as _softmax
-from mutants.softmax import padded_lanes_zero as _padded_lanes_zero
+from tritoncheck.kernels.attention import attention as _attention
+from tritoncheck.kernels.elementwise import rope as _rope
+from tritoncheck.kernels.linear_attention import linear_attention as _linear_attention
+from tritoncheck.kernels.softmax import softmax as _softmax
+from tritoncheck.mutants.softmax import padded_lanes_zero as _padded_lanes_zero
 
 ROW_LIMIT = 64
 HEAD_DIMS = (16, 32, 64, 128)

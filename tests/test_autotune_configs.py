@@ -1,4 +1,4 @@
-"""properties/autotune_configs.py: one autotune config at a time, and the kernel restored."""
+"""tritoncheck/autotune_configs.py: one autotune config at a time, and the kernel restored."""
 import sys
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from properties import autotune_configs
+from tritoncheck import autotune_configs
 
 CONFIGS = [triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 64})]
 

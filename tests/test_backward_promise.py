@@ -4,8 +4,8 @@ backward, it does not skip them."""
 import pytest
 import torch
 
-from properties import registry
-from properties.strategies import Case, TensorSpec
+from tritoncheck import registry
+from tritoncheck.strategies import Case, TensorSpec
 
 OPS = registry.load()
 

@@ -23,7 +23,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from properties import backend, registry
+from tritoncheck import backend, registry
 
 DEVICE = backend.device()
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,9 +221,9 @@ def test_the_valid_calls_above_are_accepted(op):
     (["--dtype", "float64"], "--dtype float64"),
     (["--dtype", "fp16"], "unknown dtype 'fp16'"),
     (["--impl", "softmax"], "expected OP=package.module:function"),
-    (["--impl", "nope=controls.softmax:torch_softmax"], "unknown op 'nope'"),
+    (["--impl", "nope=tritoncheck.controls.softmax:torch_softmax"], "unknown op 'nope'"),
     (["--impl", "softmax=no_such_module:f"], "cannot import 'no_such_module'"),
-    (["--impl", "softmax=controls.softmax:torch_softmax", "--op", "rope"], "selects none of the ops"),
+    (["--impl", "softmax=tritoncheck.controls.softmax:torch_softmax", "--op", "rope"], "selects none of the ops"),
     (["--hypothesis-profile", "nope"], "--hypothesis-profile 'nope': unknown"),
     (["--max-examples", "0"], "--max-examples 0"),
     (["--report-dir", "/proc/no-such-dir"], "--report-dir '/proc/no-such-dir': cannot write there"),

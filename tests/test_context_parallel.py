@@ -8,12 +8,12 @@ import torch
 import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
+from tritoncheck.kernels import context_parallel as ring
+from tritoncheck.mutants import context_parallel as cp_mutants
+from tritoncheck.properties import context_parallel as cp
+from tritoncheck.properties.context_parallel import SETTINGS
 
-from kernels import context_parallel as ring
-from mutants import context_parallel as cp_mutants
-from properties import backend, rank_pool
-from properties import context_parallel as cp
-from properties.context_parallel import SETTINGS
+from tritoncheck import backend, rank_pool
 
 DTYPES = [pytest.param(d, id=str(d).replace("torch.", "")) for d in cp.DTYPES]
 
@@ -24,7 +24,7 @@ def _skip_if_not_runnable(target, dtype):
         pytest.skip(reason)
 
 
-# not "target": conftest reads a parameter of that name as a harness.Target
+@pytest.mark.tritoncheck_cp_check
 @pytest.mark.parametrize("impl", [pytest.param(t, id=n) for n, t in cp.implementations()])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("check", sorted(cp.CHECKS))
@@ -51,7 +51,7 @@ def test_cp_check(impl, dtype, check):
         pytest.fail(problem, pytrace=False)
 
 
-# named like tests/test_selfcheck.py's, so that the run's kill rate and time to kill count these
+@pytest.mark.tritoncheck_mutant  # counted in the run's kill rate and time to kill
 @pytest.mark.parametrize("mutant,check", [pytest.param(m, c, id=f"{cp.OP}.{m.name}-{c}")
                                           for m in cp_mutants.MUTANTS for c in m.kills])
 def test_mutant_killed(mutant, check):

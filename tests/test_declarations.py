@@ -5,10 +5,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from properties import refusals, registry
-from properties.declarations import ExpectedFailure
-from properties.harness import Target
-from properties.limits import Limits, OutsideLimits
+from tritoncheck import refusals, registry
+from tritoncheck.declarations import ExpectedFailure
+from tritoncheck.harness import Target
+from tritoncheck.limits import Limits, OutsideLimits
 
 OPS = registry.load()
 

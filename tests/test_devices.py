@@ -1,8 +1,8 @@
-"""One GPU per xdist worker (properties/devices.py): the mapping, and the report's record of it."""
+"""One GPU per xdist worker (tritoncheck/devices.py): the mapping, and the report's record of it."""
 import pytest
 import torch
 
-from properties import devices, report
+from tritoncheck import devices, report
 
 
 @pytest.mark.parametrize("worker_id, gpus, expected", [

@@ -14,11 +14,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from controls import elementwise as controls  # noqa: E402
-from kernels import elementwise as kmod  # noqa: E402
-from kernels.elementwise import rope, swiglu  # noqa: E402
-from properties import registry  # noqa: E402
-from references import elementwise as ref  # noqa: E402
+from tritoncheck.controls import elementwise as controls  # noqa: E402
+from tritoncheck.kernels import elementwise as kmod  # noqa: E402
+from tritoncheck.kernels.elementwise import rope, swiglu  # noqa: E402
+from tritoncheck.references import elementwise as ref  # noqa: E402
+
+from tritoncheck import registry  # noqa: E402
 
 DEVICE = torch.device("cpu" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "cuda")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -296,7 +297,7 @@ def test_swiglu_gradients_match_reference(shape, layout, dtype):
 
 
 def _mutants():
-    from mutants import elementwise as mmod
+    from tritoncheck.mutants import elementwise as mmod
 
     return {n: getattr(mmod, n) for n in mmod.__all__}
 

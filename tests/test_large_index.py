@@ -1,5 +1,5 @@
 """The large-index check (``-m large``): every op on an input past 2**31 elements, on the
-GPU (see properties/large_index.py). Skipped with the reason on the CPU (the interpreter
+GPU (see tritoncheck/large_index.py). Skipped with the reason on the CPU (the interpreter
 would take hours over 2**31 elements) and where the GPU has too little memory free.
 
     python -m pytest tests/test_large_index.py -m large [--impl OP=module:function]
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from properties import backend, registry
-from properties.large_index import DEFAULT_PARAMS, PROBLEMS, bytes_needed, check, verdict_of
+from tritoncheck import backend, registry
+from tritoncheck.large_index import DEFAULT_PARAMS, PROBLEMS, bytes_needed, check, verdict_of
 
 pytestmark = pytest.mark.large
 DTYPE_PREFERENCE = (torch.bfloat16, torch.float16, torch.float32)
@@ -53,7 +53,7 @@ def test_every_scalar_argument_has_a_value():
     ops = registry.load()
     for op in PROBLEMS:
         missing = set(ops[op].scalars) - set(DEFAULT_PARAMS.get(op, {}))
-        assert not missing, f"properties/large_index.py DEFAULT_PARAMS[{op!r}] lacks {sorted(missing)}"
+        assert not missing, f"tritoncheck/large_index.py DEFAULT_PARAMS[{op!r}] lacks {sorted(missing)}"
 
 
 def _targets():
@@ -80,14 +80,14 @@ def test_past_int32_offsets_match_the_reference(op, impl, dtype):
 
 
 def test_an_int32_row_offset_is_caught():
-    """mutants.offsets:row_offset_int32 (cross-entropy, int32 row * stride) fails it, in a
+    """tritoncheck.mutants.offsets:row_offset_int32 (cross-entropy, int32 row * stride) fails it, in a
     spawned child: its wild reads may break the CUDA context."""
     reason = _why_not("cross_entropy", torch.bfloat16)
     if reason:
         pytest.skip(reason)
-    from properties.selfcheck import isolated
+    from tritoncheck.selfcheck import isolated
     with _one_at_a_time():
-        verdict = isolated(verdict_of, "mutants.offsets:row_offset_int32", "cross_entropy", "bfloat16")
+        verdict = isolated(verdict_of, "tritoncheck.mutants.offsets:row_offset_int32", "cross_entropy", "bfloat16")
     assert verdict.failed, "the int32 row-offset mutant passed the large-index check"
     print(verdict.text[:2000])
 
@@ -96,7 +96,7 @@ def test_an_int32_row_offset_is_caught():
 def test_the_slicing_and_comparison_work_at_a_small_size(op, monkeypatch):
     """The machinery of the check, on every backend: a few thousand elements instead of
     2**31, the project's kernel, slices compared with their fp64 reference."""
-    import properties.large_index as large
+    import tritoncheck.large_index as large
     monkeypatch.setattr(large, "PAST_INT32", 3000)
     kernel = registry.Implementation.of(op, registry.resolve(registry.OPS[op].kernel), kind="kernel")
     assert check(op, kernel, torch.float16, backend.device()) >= 1

@@ -16,9 +16,9 @@ import torch
 if "triton" not in sys.modules and "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # must precede the first `import triton`
 
-from controls import linear_attention as C  # noqa: E402
-from kernels import linear_attention as K  # noqa: E402
-from references import linear_attention as R  # noqa: E402
+from tritoncheck.controls import linear_attention as C  # noqa: E402
+from tritoncheck.kernels import linear_attention as K  # noqa: E402
+from tritoncheck.references import linear_attention as R  # noqa: E402
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 DEVICE = torch.device("cpu" if INTERPRET else "cuda")
@@ -297,7 +297,7 @@ def test_feature_map_gradient(dtype):
 
 
 def _mutants():
-    from mutants import linear_attention as M
+    from tritoncheck.mutants import linear_attention as M
 
     return {m.name: m for m in M.MUTANTS}
 

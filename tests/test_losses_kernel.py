@@ -14,10 +14,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from controls import losses as controls  # noqa: E402
-from kernels import losses as kmod  # noqa: E402
-from kernels.losses import cross_entropy  # noqa: E402
-from references import losses as ref  # noqa: E402
+from tritoncheck.controls import losses as controls  # noqa: E402
+from tritoncheck.kernels import losses as kmod  # noqa: E402
+from tritoncheck.kernels.losses import cross_entropy  # noqa: E402
+from tritoncheck.references import losses as ref  # noqa: E402
 
 DEVICE = torch.device("cpu" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "cuda")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -212,7 +212,7 @@ def test_gradients_match_reference(m, v, layout, dtype):
 
 
 def _mutants():
-    from mutants import losses as mmod
+    from tritoncheck.mutants import losses as mmod
 
     return [getattr(mmod, n) for n in mmod.__all__]
 
@@ -225,7 +225,7 @@ def test_mutants_declared():
 
 
 def test_mutant_padded_logits_zero_differs():
-    from mutants.losses import padded_logits_zero as mu
+    from tritoncheck.mutants.losses import padded_logits_zero as mu
 
     x, t = _logits(4, 300, torch.float32, scale=0.5), _targets(4, 300)  # 300: not a multiple of the block
     assert (mu(x, t) - cross_entropy(x, t)).abs().min().item() > 0.1
@@ -234,7 +234,7 @@ def test_mutant_padded_logits_zero_differs():
 
 
 def test_mutant_ignore_index_not_zeroed_differs():
-    from mutants.losses import ignore_index_not_zeroed as mu
+    from tritoncheck.mutants.losses import ignore_index_not_zeroed as mu
 
     x, t = _logits(4, 30, torch.float32), _targets(4, 30, ignore=(0, 3))
     out = mu(x, t)
@@ -243,7 +243,7 @@ def test_mutant_ignore_index_not_zeroed_differs():
 
 
 def test_mutant_no_max_subtraction_differs():
-    from mutants.losses import no_max_subtraction as mu
+    from tritoncheck.mutants.losses import no_max_subtraction as mu
 
     x, t = _logits(3, 40, torch.float32, offset=100.0), _targets(3, 40)
     assert not torch.isfinite(mu(x, t)).any()
@@ -254,7 +254,7 @@ def test_mutant_no_max_subtraction_differs():
 
 
 def test_mutant_grad_missing_onehot_differs():
-    from mutants.losses import grad_missing_onehot as mu
+    from tritoncheck.mutants.losses import grad_missing_onehot as mu
 
     x, t = _logits(4, 30, torch.float32), _targets(4, 30)
     assert torch.equal(mu(x, t), cross_entropy(x, t))

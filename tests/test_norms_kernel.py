@@ -17,12 +17,11 @@ if "triton" not in sys.modules and not torch.cuda.is_available():
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-
-from controls import norms as controls  # noqa: E402
-from kernels import norms as kn  # noqa: E402
-from kernels.norms import dropout_residual_layer_norm, layer_norm  # noqa: E402
-from mutants import norms as mutants  # noqa: E402
-from references import norms as refs  # noqa: E402
+from tritoncheck.controls import norms as controls  # noqa: E402
+from tritoncheck.kernels import norms as kn  # noqa: E402
+from tritoncheck.kernels.norms import dropout_residual_layer_norm, layer_norm  # noqa: E402
+from tritoncheck.mutants import norms as mutants  # noqa: E402
+from tritoncheck.references import norms as refs  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0") else "cpu"
 

@@ -5,11 +5,12 @@ bf16 sums over rows of layer_norm's dweight/dbias)."""
 import numpy as np
 import pytest
 import torch
+from tritoncheck.properties import norms_tolerance, softmax_tolerance
+from tritoncheck.references import softmax as softmax_ref
 
-from properties import harness, norms_tolerance, registry, report, softmax_tolerance
-from properties.oracle import InvalidAllowance, compare
-from properties.tolerance import Precision
-from references import softmax as softmax_ref
+from tritoncheck import harness, registry, report
+from tritoncheck.oracle import InvalidAllowance, compare
+from tritoncheck.tolerance import Precision
 
 BACKENDS = ("interpret", "cuda")
 
@@ -90,7 +91,7 @@ def test_a_test_whose_examples_are_mostly_vacuous_fails_naming_output_and_rule(m
     sink(vacuous)
     problem = harness.vacuity_failure(target)
     assert problem and "output 'y'" in problem and "2 of 3 examples" in problem
-    assert "properties.softmax.softmax_tolerance" in problem
+    assert "tritoncheck.properties.softmax.softmax_tolerance" in problem
 
 
 # ----------------------------------------------------------------- softmax, large logits

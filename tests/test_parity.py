@@ -1,4 +1,4 @@
-"""PyTorch parity (properties/parity.py): the yardstick is quoted, and --tolerance parity
+"""PyTorch parity (tritoncheck/parity.py): the yardstick is quoted, and --tolerance parity
 relaxes the derived rule only by PyTorch's own error on the same input."""
 import math
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from properties import parity, registry
-from properties.config import CONFIG
-from properties.strategies import Case, TensorSpec
+from tritoncheck import parity, registry
+from tritoncheck.config import CONFIG
+from tritoncheck.strategies import Case, TensorSpec
 
 EXPECTED = np.array([1.0, 2.0, 4.0])
 GOT = torch.tensor([1.0, 2.0, 5.0], dtype=torch.float16)  # off by 1.0 where 0.1 is allowed

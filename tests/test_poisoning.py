@@ -1,9 +1,9 @@
-"""properties/poisoning.py: fresh allocations hold NaN while a check runs, and only then."""
+"""tritoncheck/poisoning.py: fresh allocations hold NaN while a check runs, and only then."""
 import torch
+from tritoncheck.mutants.elementwise import last_row_block_unwritten
 
-from mutants.elementwise import last_row_block_unwritten
-from properties import backend
-from properties.poisoning import poisoned_allocations
+from tritoncheck import backend
+from tritoncheck.poisoning import poisoned_allocations
 
 DEVICE = backend.device()
 
@@ -21,7 +21,7 @@ def test_an_unwritten_block_is_nan_every_time_even_after_a_correct_call_left_the
     # 3 rows: never a multiple of a row block, so the mutant leaves the last block unwritten.
     x = torch.randn(1, 1, 3, 8, device=DEVICE)
     cos, sin = torch.randn(3, 4, device=DEVICE), torch.randn(3, 4, device=DEVICE)
-    from kernels.elementwise import rope
+    from tritoncheck.kernels.elementwise import rope
     for _ in range(3):
         right = rope(x, cos, sin)
         del right  # its block goes back to the allocator holding the right answer

@@ -3,11 +3,12 @@ are tight where the property is exact, and fail the bugs they are meant to see."
 import numpy as np
 import pytest
 import torch
+from tritoncheck.properties import elementwise_tolerance, softmax_tolerance
+from tritoncheck.properties.attention import _online_merge
 
-from properties import elementwise_tolerance, registry, softmax_tolerance
-from properties.attention import _online_merge
-from properties.strategies import Case, TensorSpec
-from properties.tolerance import Precision
+from tritoncheck import registry
+from tritoncheck.strategies import Case, TensorSpec
+from tritoncheck.tolerance import Precision
 
 OPS = registry.load()
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from properties import registry, selfcheck
-from properties.strategies import Case
+from tritoncheck import registry, selfcheck
+from tritoncheck.strategies import Case
 
 OPS = registry.load()
 
@@ -32,10 +32,10 @@ def test_signature_names_the_arguments_in_order(name):
 
 
 def test_contract_doc_is_generated_from_the_registry():
-    from properties import contract
+    from tritoncheck import contract
     committed = (Path(__file__).resolve().parents[1] / "docs" / "contract.md").read_text()
     assert committed == contract.contract_markdown(), (
-        "docs/contract.md is stale: run `python -m properties.contract --write`")
+        "docs/contract.md is stale: run `python -m tritoncheck.contract --write`")
 
 
 def test_nothing_refers_outside_the_repository():
@@ -60,7 +60,7 @@ def test_every_check_is_killed_by_some_mutant(name):
 
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_every_op_has_a_control(name):
-    assert selfcheck.CONTROLS.get(name), f"{name} has no control implementation in properties/selfcheck.py"
+    assert selfcheck.CONTROLS.get(name), f"{name} has no control implementation in tritoncheck/selfcheck.py"
 
 
 def test_mutant_kill_claims_name_real_checks():
@@ -104,7 +104,7 @@ def test_numpy_and_torch_references_agree(name):
 
 
 def test_readme_contract_table_is_generated_from_the_registry():
-    from properties import contract
+    from tritoncheck import contract
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert contract.readme_with_table(readme) == readme, (
-        "README.md's contract table is stale: run `python -m properties.contract --write`")
+        "README.md's contract table is stale: run `python -m tritoncheck.contract --write`")

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from properties import harness, registry, report, selfcheck
-from properties.config import CONFIG
-from properties.strategies import Case, TensorSpec
+from tritoncheck import harness, registry, report, selfcheck
+from tritoncheck.config import CONFIG
+from tritoncheck.strategies import Case, TensorSpec
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def test_failure_names_the_case_the_worst_element_and_a_replay_command(report_di
         _failing_target().run(CASE)
     text = str(info.value)
     for part in ("worst at index", "expected", "allowed", "x the tolerance",
-                 "x: shape [2, 5] float32, normal scale=1, seed 0", "replay: python -m properties.replay"):
+                 "x: shape [2, 5] float32, normal scale=1, seed 0", "replay: python -m tritoncheck.replay"):
         assert part in text, f"{part!r} missing from:\n{text}"
 
 
@@ -55,7 +55,7 @@ def test_standalone_script_reproduces_the_failure(report_dir):
 def test_replay_module_reproduces_the_failure(report_dir):
     with pytest.raises(AssertionError):
         _failing_target().run(CASE)
-    from properties import replay
+    from tritoncheck import replay
     assert replay.main([str(next(report_dir.glob("failures/*.json")))]) == 1
 
 
@@ -65,7 +65,7 @@ def test_reports_follow_the_schema(tmp_path):
     import numpy as np
     import torch
 
-    from properties.oracle import compare
+    from tritoncheck.oracle import compare
     sink = collector.sink(target, CASE)
     sink(compare("y", torch.tensor([1.0, 2.0]), np.array([1.0, 2.5]), np.array([0.1, 0.1])))
     collector.dump(tmp_path / "parts", "main")

@@ -1,4 +1,4 @@
-"""The suite against planted bugs and correct controls (properties/selfcheck.py).
+"""The suite against planted bugs and correct controls (tritoncheck/selfcheck.py).
 
 Every mutant must fail every check it claims to be killed by; every control must
 pass every check in every dtype, except the checks its ``expected_failures`` names
@@ -18,13 +18,14 @@ import torch
 import triton
 import triton.language as tl
 
-from properties import backend, registry, selfcheck
+from tritoncheck import backend, registry, selfcheck
 
 MUTANTS = selfcheck.mutants()
 CONTROLS = selfcheck.controls()
 OPS = registry.load()
 
 
+@pytest.mark.tritoncheck_mutant
 @pytest.mark.parametrize("mutant,check", [
     pytest.param(m, c, id=f"{m.op}.{m.name}-{c}") for m in MUTANTS for c in m.kills])
 def test_mutant_killed(mutant, check):
@@ -98,7 +99,7 @@ def test_a_crash_verdict_names_its_case():
 
 
 def test_an_invalid_allowance_is_a_suite_bug_not_a_kill():
-    from properties.oracle import assert_close
+    from tritoncheck.oracle import assert_close
 
     def nan_allowance(case, impl):
         assert_close("y", torch.ones(2), np.ones(2), np.array([0.1, np.nan]), rule="a broken rule")

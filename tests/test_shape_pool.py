@@ -1,10 +1,11 @@
-"""--shapes N (properties/shape_pool.py): the dims kernels specialise on come from a small
+"""--shapes N (tritoncheck/shape_pool.py): the dims kernels specialise on come from a small
 pool fixed for the run, block boundaries included; the other dims still vary."""
 import torch
 from hypothesis import HealthCheck, given, settings
+from tritoncheck.properties import attention, softmax
 
-from properties import attention, registry, shape_pool, softmax
-from properties.config import CONFIG
+from tritoncheck import registry, shape_pool
+from tritoncheck.config import CONFIG
 
 
 def test_pool_holds_the_boundaries_in_range_and_is_the_same_every_time():

@@ -6,9 +6,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, find, given, settings
 
-from properties import registry
-from properties.config import CONFIG
-from properties.strategies import LONG_FROM, Case, Layout, TensorSpec, block_edges, layouts, lengths, sizes, tensors
+from tritoncheck import registry
+from tritoncheck.config import CONFIG
+from tritoncheck.strategies import LONG_FROM, Case, Layout, TensorSpec, block_edges, layouts, lengths, sizes, tensors
 
 
 def test_layout_is_a_view_with_the_promised_strides():
@@ -136,7 +136,7 @@ def test_attention_reaches_long_sequences_on_the_gpu_profile(monkeypatch):
     # never on the CPU's. ``find`` searches until it meets one: how many of a fixed number
     # of derandomized draws are long depends on what else the run collected (Hypothesis's
     # literal pool), 3 to 20 of 400 here.
-    from properties import attention
+    from tritoncheck.properties import attention
 
     ops = registry.load()
     monkeypatch.setattr(CONFIG, "size", "large")

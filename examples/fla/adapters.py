@@ -32,8 +32,8 @@ from fla.ops.common.fused_chunk import fused_chunk_fwd_kernel
 from fla.ops.linear_attn import chunk_linear_attn, fused_chunk_linear_attn
 from fla.ops.utils.cumsum import chunk_global_cumsum, chunk_global_cumsum_vector_kernel
 
-from properties import backend
-from properties.autotune_configs import autotuners_in
+from tritoncheck import backend
+from tritoncheck.autotune_configs import autotuners_in
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

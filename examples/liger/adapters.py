@@ -24,7 +24,7 @@ from liger_kernel.ops.rope import LigerRopeFunction
 from liger_kernel.ops.softmax import LigerSoftmaxFunction
 from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 
-from properties.declarations import ExpectedFailure
+from tritoncheck.declarations import ExpectedFailure
 
 MAX_FUSED_SIZE = 65536  # liger_kernel.ops.utils.calculate_settings: one block per row, at most this long
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -80,7 +80,7 @@ def layer_norm(x, weight, bias, eps=1e-5):
 for _fn in (softmax, cross_entropy, rope, swiglu, layer_norm):
     _fn.dtypes = _DTYPES
     _fn.supports_backward = True
-# What the adapters refuse, declared, so the suite draws inside it (properties/limits.py):
+# What the adapters refuse, declared, so the suite draws inside it (tritoncheck/limits.py):
 # every example then counts instead of being refused and redrawn.
 for _fn in (softmax, swiglu, layer_norm):
     _fn.limits = {"max_size": {"N": MAX_FUSED_SIZE}}

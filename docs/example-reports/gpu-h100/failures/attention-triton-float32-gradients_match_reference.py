@@ -1,6 +1,6 @@
 """Standalone reproducer for attention-triton-float32-gradients_match_reference (written by the suite; no pytest or Hypothesis needed).
 
-Run from the suite's checkout:  python attention-triton-float32-gradients_match_reference.py   (or: python -m properties.replay attention-triton-float32-gradients_match_reference.json)
+Run from the suite's checkout:  python attention-triton-float32-gradients_match_reference.py   (or: python -m tritoncheck.replay attention-triton-float32-gradients_match_reference.json)
 """
 import importlib
 import os
@@ -22,7 +22,7 @@ def load(target):
 device = "cuda" if "cuda" == "cuda" else "cpu"
 inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in torch.load(HERE / "attention-triton-float32-gradients_match_reference.pt").items()}
 args = [inputs[a] for a in ('q', 'k', 'v', 'causal', 'sm_scale')]
-impl, reference = load("kernels.attention:attention"), load("references.attention:attention")
+impl, reference = load("tritoncheck.kernels.attention:attention"), load("tritoncheck.references.attention:attention")
 got = impl(*args, **{})
 got = got if isinstance(got, tuple) else (got,)
 expected = reference(*[a.detach().cpu().double().numpy() if torch.is_tensor(a) and a.is_floating_point()
@@ -35,6 +35,6 @@ for name, g, e in zip(('o', 'lse'), got, expected):
     print(f"attention output {name}: max |error| {err.max() if err.size else 0:.3g} at {list(map(int, i))} "
           f"(expected {e[i] if err.size else 0:.9g}, got {g[i] if err.size else 0:.9g})")
 print("replaying the failed check, gradients_match_reference:")
-from properties import replay  # noqa: E402
+from tritoncheck import replay  # noqa: E402
 
 sys.exit(replay.main([str(HERE / "attention-triton-float32-gradients_match_reference.json")]))

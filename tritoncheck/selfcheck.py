@@ -16,23 +16,23 @@ from dataclasses import dataclass
 import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from properties import backend, registry
-from properties.oracle import InvalidAllowance
-from properties.poisoning import poisoned_allocations_for
-from properties.registry import Check, Implementation, OpSpec
+from tritoncheck import backend, registry
+from tritoncheck.oracle import InvalidAllowance
+from tritoncheck.poisoning import poisoned_allocations_for
+from tritoncheck.registry import Check, Implementation, OpSpec
 
 # Correct implementations per op, as a user would write them.
 CONTROLS: dict[str, tuple[str, ...]] = {
-    "softmax": ("controls.softmax:torch_softmax", "controls.softmax:torch_softmax_fp32"),
-    "attention": ("controls.attention:sdpa", "controls.attention:naive_torch"),
-    "layer_norm": ("controls.norms:torch_layer_norm",),
-    "dropout_residual_layer_norm": ("controls.norms:torch_dropout_residual_layer_norm",),
-    "cross_entropy": ("controls.losses:torch_cross_entropy", "controls.losses:stored_gradient_cross_entropy",
-                      "controls.losses:torch_cross_entropy_input_dtype"),
-    "rope": ("controls.elementwise:torch_rope",),
-    "swiglu": ("controls.elementwise:torch_swiglu",),
-    "elu_feature_map": ("controls.linear_attention:torch_elu_feature_map",),
-    "linear_attention": ("controls.linear_attention:torch_linear_attention",),
+    "softmax": ("tritoncheck.controls.softmax:torch_softmax", "tritoncheck.controls.softmax:torch_softmax_fp32"),
+    "attention": ("tritoncheck.controls.attention:sdpa", "tritoncheck.controls.attention:naive_torch"),
+    "layer_norm": ("tritoncheck.controls.norms:torch_layer_norm",),
+    "dropout_residual_layer_norm": ("tritoncheck.controls.norms:torch_dropout_residual_layer_norm",),
+    "cross_entropy": ("tritoncheck.controls.losses:torch_cross_entropy", "tritoncheck.controls.losses:stored_gradient_cross_entropy",
+                      "tritoncheck.controls.losses:torch_cross_entropy_input_dtype"),
+    "rope": ("tritoncheck.controls.elementwise:torch_rope",),
+    "swiglu": ("tritoncheck.controls.elementwise:torch_swiglu",),
+    "elu_feature_map": ("tritoncheck.controls.linear_attention:torch_elu_feature_map",),
+    "linear_attention": ("tritoncheck.controls.linear_attention:torch_linear_attention",),
 }
 
 # A mutant must die within this many examples (per dtype tried). With 60, a reseeded stream
@@ -58,12 +58,12 @@ class Verdict:
 
 def mutants() -> list:
     """Every Mutant object defined in mutants/<family>.py, for the registered ops."""
-    from mutants import Mutant
+    from tritoncheck.mutation import Mutant
     ops = registry.load()
     found = []
     for family in registry.FAMILIES:
         try:
-            module = importlib.import_module(f"mutants.{family}")
+            module = importlib.import_module(f"tritoncheck.mutants.{family}")
         except ModuleNotFoundError:
             continue
         found.extend(v for v in vars(module).values() if isinstance(v, Mutant) and v.op in ops)
@@ -141,7 +141,7 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
 
 def _configure(backend_name: str, size: str, tolerance: str) -> None:
     """The parent's backend, size and tolerance mode in a child."""
-    from properties.config import CONFIG
+    from tritoncheck.config import CONFIG
     backend.select(backend_name)  # a spawned child starts with nothing selected
     CONFIG.size = size
     CONFIG.tolerance = tolerance
@@ -209,7 +209,7 @@ class _ResidentChild:
 
     def run(self, fn, args) -> tuple[Verdict, bool]:
         """The job's verdict, and whether this child can take another job."""
-        from properties.config import CONFIG
+        from tritoncheck.config import CONFIG
         self.conn.send((CONFIG.size, CONFIG.tolerance, torch.cuda.current_device(), fn, args))
         if not self.conn.poll(ISOLATED_TIMEOUT_S):  # a hang is a failure, never a stuck test run
             return Verdict(True, None, f"did not finish in {ISOLATED_TIMEOUT_S} s: the process hung"), False
@@ -255,7 +255,7 @@ def isolated(fn, *args) -> Verdict:
     job; CUDA cannot fork after its first use, so there a spawned child serves job after
     job (:class:`_ResidentChild`; fn and args must pickle) until one breaks its context,
     and finds compiled kernels in Triton's on-disk cache."""
-    from properties.config import CONFIG
+    from tritoncheck.config import CONFIG
     if backend.current() == "cuda":
         return _isolated_on_cuda(fn, args)
     # torch's OpenMP pool does not survive fork: a child that enters a parallel region

@@ -31,9 +31,9 @@ from typing import Sequence
 import numpy as np
 from hypothesis import strategies as st
 
-from properties.config import CONFIG
-from properties.strategies import block_edges, interesting_sizes
-from properties.strategies import sizes as free_sizes
+from tritoncheck.config import CONFIG
+from tritoncheck.strategies import block_edges, interesting_sizes
+from tritoncheck.strategies import sizes as free_sizes
 
 BOUNDARIES = (16, 32, 64, 128)
 

@@ -18,7 +18,7 @@ scalar arguments (``OpSpec.dims``, ``OpSpec.choices``)::
     }
 
 What a kernel refuses without declaring it is counted as a refusal (see
-``properties/refusals.py``); what it declares is never drawn, and the report lists it.
+``tritoncheck/refusals.py``); what it declares is never drawn, and the report lists it.
 """
 from __future__ import annotations
 
@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from hypothesis import strategies as st
 
-from properties import shape_pool
-from properties.config import CONFIG
-from properties.strategies import Case, lengths, sizes
+from tritoncheck import shape_pool
+from tritoncheck.config import CONFIG
+from tritoncheck.strategies import Case, lengths, sizes
 
 if TYPE_CHECKING:
-    from properties.registry import OpSpec
+    from tritoncheck.registry import OpSpec
 
 KEYS = {
     "max_size": "{dim: n}: the largest size of a named dim the kernel accepts",
@@ -206,7 +206,7 @@ class Limits:
         return dataclasses.replace(self, min_size=lo, max_size=hi, sizes=sizes_)
 
     def size(self, dim: str, lo: int, hi: int, *, blocks: Sequence[int] = ()) -> st.SearchStrategy[int]:
-        """:func:`properties.strategies.sizes` for a named dim, inside the limits.
+        """:func:`tritoncheck.strategies.sizes` for a named dim, inside the limits.
 
         ``[lo, hi]`` is what the op's strategy would draw (the profile's budget); the
         declared bounds narrow it. Declared sizes are drawn as they are: the ones in
@@ -230,7 +230,7 @@ class Limits:
                     span: tuple[int, int] | None = None) -> st.SearchStrategy[int]:
         """:meth:`size` for a dim that kernels specialise or autotune on (head dims, heads,
         batch, a row-wise op's last dim): with ``--shapes N``, from the run's pool
-        (:mod:`properties.shape_pool`) inside the limits. Declared sizes win over the pool;
+        (:mod:`tritoncheck.shape_pool`) inside the limits. Declared sizes win over the pool;
         ``span`` is the widest range the op ever draws, so every worker builds one pool."""
         lo2, hi2 = max(lo, self.min_size.get(dim, lo)), min(hi, self.max_size.get(dim, hi))
         if CONFIG.shapes is None or dim in self.sizes or lo2 > hi2:
@@ -239,7 +239,7 @@ class Limits:
 
     def length(self, op: str, dim: str, lo: int, hi: int, *, long_max: int, long_percent: int,
                blocks: Sequence[int] = ()) -> st.SearchStrategy[int]:
-        """A row length: :func:`properties.strategies.lengths` (the everyday range, and
+        """A row length: :func:`tritoncheck.strategies.lengths` (the everyday range, and
         now and then one past 4096, up to ``long_max``) inside the limits; with
         ``--shapes N`` or declared sizes, :meth:`specialised` over the whole range."""
         if CONFIG.shapes is not None or dim in self.sizes:

@@ -1,6 +1,6 @@
 """Replay one failing case, exactly, without Hypothesis or pytest.
 
-    python -m properties.replay reports/failures/<test id>.json [--impl module:function]
+    python -m tritoncheck.replay reports/failures/<test id>.json [--impl module:function]
 
 The file, written by the suite when a check fails, holds the check's name, the
 implementation's import path and the case (shapes, layouts, dtype, value family,
@@ -15,18 +15,18 @@ import traceback
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m properties.replay", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tritoncheck.replay", description=__doc__.splitlines()[0])
     parser.add_argument("file")
     parser.add_argument("--impl", help="module:function to run instead of the recorded implementation")
     parser.add_argument("--backend", default=None, help="cuda or interpret (default: the recorded backend)")
     args = parser.parse_args(argv)
     data = json.loads(open(args.file).read())
 
-    from properties import backend
+    from tritoncheck import backend
     backend.select(args.backend or data.get("backend", "auto"))
-    from properties import registry
-    from properties.registry import Implementation
-    from properties.strategies import Case
+    from tritoncheck import registry
+    from tritoncheck.registry import Implementation
+    from tritoncheck.strategies import Case
 
     ops = registry.load()
     case = Case.from_json(data["case"])

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import torch
 
 if TYPE_CHECKING:
-    from properties.registry import OpSpec
+    from tritoncheck.registry import OpSpec
 
 BACKEND_NAMES = ("cuda", "interpret")
 DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
@@ -33,7 +33,7 @@ ATTRIBUTES = {
     "uses_triton": "True or False; False: plain PyTorch, no interpreter limits apply",
     "chunk_sizes": "a tuple of ints >= 1: the chunk_size keyword values the kernel accepts",
     "limits": "a dict of declared limits (docs/contract.md, Declared limits)",
-    "autotuned": "a tuple of the triton.autotune'd kernels it launches (properties/autotune_configs.py; "
+    "autotuned": "a tuple of the triton.autotune'd kernels it launches (tritoncheck/autotune_configs.py; "
                  "--autotune-config and benchmarks/autotune_sweep.py pin them)",
 }
 
@@ -135,7 +135,7 @@ def check_attributes(fn: Callable, owner: str) -> None:
     if precision is not None and precision not in DOT_PRECISIONS:
         raise ValueError(f"{owner}.fp32_dot_precision must be {ATTRIBUTES['fp32_dot_precision']}, got {precision!r}")
     if hasattr(fn, "autotuned"):
-        from properties.autotune_configs import autotuned_kernels  # imports triton: after the backend is chosen
+        from tritoncheck.autotune_configs import autotuned_kernels  # imports triton: after the backend is chosen
         autotuned_kernels(fn)
     chunks = getattr(fn, "chunk_sizes", None)
     if chunks is not None and (not isinstance(chunks, (tuple, list)) or not chunks or not all(

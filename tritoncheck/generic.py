@@ -1,7 +1,7 @@
 """Checks that apply to every op: the reference comparisons, and the contract's
 promises that need no reference (inputs are not modified, results are deterministic).
 
-Each family module builds its :class:`~properties.registry.OpSpec` with
+Each family module builds its :class:`~tritoncheck.registry.OpSpec` with
 ``generic_checks(...)`` plus its own properties.
 """
 from __future__ import annotations
@@ -13,12 +13,12 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from properties import backend, parity, tolerance
-from properties.oracle import allowance_mostly_vacuous, assert_identical, to_numpy
-from properties.phases import timed
-from properties.registry import OPS, Check, Implementation, OpSpec
-from properties.strategies import Case, tensors
-from properties.tolerance import Precision
+from tritoncheck import backend, parity, tolerance
+from tritoncheck.oracle import allowance_mostly_vacuous, assert_identical, to_numpy
+from tritoncheck.phases import timed
+from tritoncheck.registry import OPS, Check, Implementation, OpSpec
+from tritoncheck.strategies import Case, tensors
+from tritoncheck.tolerance import Precision
 
 UPSTREAM_FAMILIES = ("normal", "outlier", "constant")
 

@@ -32,9 +32,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from properties import oracle
-from properties.config import CONFIG
-from properties.oracle import Comparison
+from tritoncheck import oracle
+from tritoncheck.config import CONFIG
+from tritoncheck.oracle import Comparison
 
 MODES = ("derived", "parity")
 PARITY_FACTOR = 2.0
@@ -48,16 +48,16 @@ PARITY_FACTOR = 2.0
 
 def _call(target: str) -> Callable:
     def baseline(case, values, outs):
-        from properties.registry import resolve
+        from tritoncheck.registry import resolve
         return case.call(resolve(target), values)
     baseline.__name__ = target.rpartition(":")[2]
     return baseline
 
 
 def _attention(case, values, outs):
-    """Plain attention in the input dtype (controls.attention's masks: GQA, bottom-right
+    """Plain attention in the input dtype (tritoncheck.controls.attention's masks: GQA, bottom-right
     causal, window, softcap, ALiBi); lse from the same scores, in the dtype."""
-    from controls.attention import _grouped, _masked_scores, _scale, _visible
+    from tritoncheck.controls.attention import _grouped, _masked_scores, _scale, _visible
     args = {**values, **case.kwargs}
     q, k, v = args["q"], args["k"], args["v"]
     causal, window = args.get("causal", False), tuple(args.get("window", (-1, -1)))
@@ -78,15 +78,15 @@ def _dropout_residual_layer_norm(case, values, outs):
 
 
 BASELINES: dict[str, Callable[[Any, Mapping[str, Any], Mapping[str, torch.Tensor]], Any]] = {
-    "softmax": _call("controls.softmax:torch_softmax"),
+    "softmax": _call("tritoncheck.controls.softmax:torch_softmax"),
     "attention": _attention,
-    "layer_norm": _call("controls.norms:torch_layer_norm"),
+    "layer_norm": _call("tritoncheck.controls.norms:torch_layer_norm"),
     "dropout_residual_layer_norm": _dropout_residual_layer_norm,
-    "cross_entropy": _call("controls.losses:torch_cross_entropy_input_dtype"),
-    "rope": _call("controls.elementwise:torch_rope"),
-    "swiglu": _call("controls.elementwise:torch_swiglu"),
-    "elu_feature_map": _call("controls.linear_attention:torch_elu_feature_map"),
-    "linear_attention": _call("controls.linear_attention:torch_linear_attention"),
+    "cross_entropy": _call("tritoncheck.controls.losses:torch_cross_entropy_input_dtype"),
+    "rope": _call("tritoncheck.controls.elementwise:torch_rope"),
+    "swiglu": _call("tritoncheck.controls.elementwise:torch_swiglu"),
+    "elu_feature_map": _call("tritoncheck.controls.linear_attention:torch_elu_feature_map"),
+    "linear_attention": _call("tritoncheck.controls.linear_attention:torch_linear_attention"),
 }
 
 
@@ -121,14 +121,14 @@ def _error(c: Comparison) -> float:
 
 
 # PyTorch's error is measured, not judged: the oracle's comparison with the largest finite
-# allowance (an infinite one is a suite bug to the oracle, properties/oracle.py).
+# allowance (an infinite one is a suite bug to the oracle, tritoncheck/oracle.py).
 MEASURE_ONLY = float(np.finfo(np.float64).max)
 
 
 def baseline_errors(op: str, dtype: torch.dtype, case, values: Mapping[str, Any], outs: Mapping[str, torch.Tensor],
                     expected: Mapping[str, np.ndarray]) -> dict[str, float | str]:
     """PyTorch's largest error per output of ``expected`` on the same inputs, or the reason it has none."""
-    from properties.registry import OPS
+    from tritoncheck.registry import OPS
     spec = OPS[op]
     try:
         with torch.no_grad():
@@ -143,7 +143,7 @@ def baseline_errors(op: str, dtype: torch.dtype, case, values: Mapping[str, Any]
 def baseline_grad_errors(op: str, case, values: Mapping[str, Any], expected: Mapping[str, np.ndarray]
                          ) -> dict[str, float | str]:
     """PyTorch's largest gradient error per differentiable input (keys ``d<input>``)."""
-    from properties.registry import OPS
+    from tritoncheck.registry import OPS
     spec = OPS[op]
     names = [f"d{n}" for n in spec.grad_inputs]
     args = {k: (v.detach().clone().requires_grad_(k in spec.grad_inputs) if isinstance(v, torch.Tensor) else v)

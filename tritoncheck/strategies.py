@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from properties import refusals
+from tritoncheck import refusals
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -399,7 +399,7 @@ class Case:
         return values
 
     def call(self, fn: Callable, values: Mapping[str, Any]):
-        """``fn`` on these values; a refusal (properties/refusals.py) comes out as ``Refusal``."""
+        """``fn`` on these values; a refusal (tritoncheck/refusals.py) comes out as ``Refusal``."""
         return refusals.call(fn, [values[a] for a in self.args], dict(self.kwargs))
 
     def describe(self) -> str:

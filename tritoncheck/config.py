@@ -24,11 +24,12 @@ class RunConfig:
     ops: tuple[str, ...] | None = None  # --op
     dtypes: tuple[torch.dtype, ...] | None = None  # --dtype
     report_dir: Path = Path("reports")
-    refusals: str = "auto"  # --refusals: auto | discard | fail (properties/refusals.py)
-    tolerance: str = "derived"  # --tolerance: derived | parity (properties/parity.py)
-    shapes: int | None = None  # --shapes N: sizes per (op, dtype, specialised dim) (properties/shape_pool.py)
+    refusals: str = "auto"  # --refusals: auto | discard | fail (tritoncheck/refusals.py)
+    tolerance: str = "derived"  # --tolerance: derived | parity (tritoncheck/parity.py)
+    shapes: int | None = None  # --shapes N: sizes per (op, dtype, specialised dim) (tritoncheck/shape_pool.py)
     shapes_seed: int = 0  # --shapes-seed: which N (the same in every xdist worker)
     autotune_config: int | None = None  # --autotune-config I: declared autotuned kernels run config I only
+    configured: bool = False  # set once the plugin has chosen the above for a run
 
     def pick(self, small, large):
         """The ``small`` or ``large`` variant of a size limit, by the run's size."""

@@ -14,18 +14,21 @@ says with attributes on the function; the suite skips those with the reason.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import inspect
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from properties import declarations
-from properties.declarations import ExpectedFailure
-from properties.limits import Limits
-from properties.strategies import FLOAT_DTYPES, Case
+from tritoncheck import declarations
+from tritoncheck.declarations import ExpectedFailure
+from tritoncheck.limits import Limits
+from tritoncheck.strategies import FLOAT_DTYPES, Case
 
 # Each family module registers its ops on import; docs/contract.md is generated from
 # what they register.
@@ -194,7 +197,7 @@ class Implementation:
     @classmethod
     def of(cls, op: str, fn: Callable, name: str | None = None, kind: str = "user",
            target: str | None = None) -> "Implementation":
-        """Read and validate what ``fn`` declares (``properties/declarations.py`` lists the
+        """Read and validate what ``fn`` declares (``tritoncheck/declarations.py`` lists the
         attributes: ``dtypes``, ``supports_backward``, ``expected_failures``, ``limits``, ...)."""
         load()
         if op not in OPS:
@@ -213,7 +216,7 @@ class Implementation:
 
     def expected_failure(self, check: str, dtype: torch.dtype) -> ExpectedFailure | None:
         """The declared expected failure of ``check`` in ``dtype`` on this run's backend."""
-        from properties import backend
+        from tritoncheck import backend
         return next((e for e in self.expected_failures if e.applies(check, dtype, backend.current())), None)
 
     def unsupported(self, dtype: torch.dtype) -> str | None:
@@ -242,9 +245,9 @@ def load() -> dict[str, OpSpec]:
     """Import every family module (which registers its ops)."""
     for family in FAMILIES:
         try:
-            importlib.import_module(f"properties.{family}")
+            importlib.import_module(f"tritoncheck.properties.{family}")
         except ModuleNotFoundError as exc:
-            if exc.name != f"properties.{family}":
+            if exc.name != f"tritoncheck.properties.{family}":
                 raise
             # A family not written yet; tests/test_registry.py fails until every
             # contract op is registered, so this cannot hide a missing op on main.
@@ -260,6 +263,7 @@ def resolve(target: str) -> Callable:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"cannot import {module_name!r} ({exc}); is it on PYTHONPATH or in the current directory?") from exc
+    _refuse_shadowed(target, module)
     fn = module
     for part in attr.split("."):
         if not hasattr(fn, part):
@@ -268,6 +272,37 @@ def resolve(target: str) -> Callable:
     if not callable(fn):
         raise ValueError(f"{target!r} is a {type(fn).__name__}, not a callable")
     return fn
+
+
+def _suite_folders() -> tuple[Path, ...]:
+    """The suite's own op folders in a checkout (installed, they live inside the package)."""
+    import tritoncheck
+    checkout = Path(tritoncheck.__file__).resolve().parent.parent
+    if not (checkout / "pyproject.toml").is_file():
+        return ()
+    return tuple(checkout / name for name in ("kernels", "references", "properties", "controls", "mutants"))
+
+
+def _refuse_shadowed(target: str, module) -> None:
+    """A user's package named like one of the suite's folders (``kernels``), imported while
+    the suite's checkout is first on ``sys.path``, resolves to the suite's own code: the run
+    would check the suite's kernel under the user's name. Spelled ``tritoncheck.kernels...``
+    it is the suite's on purpose; spelled bare, it is an error that names both files."""
+    module_name = module.__name__
+    path = Path(getattr(module, "__file__", None) or "").resolve()
+    if module_name.split(".")[0] == "tritoncheck" or not any(path.is_relative_to(f) for f in _suite_folders()):
+        return
+    suite_root = _suite_folders()[0].parent
+    top = module_name.split(".")[0]
+    others = [Path(entry or ".").resolve() for entry in sys.path if Path(entry or ".").resolve() != suite_root]
+    spec = importlib.machinery.PathFinder.find_spec(top, [str(p) for p in others])
+    yours = (f"; the package {top!r} found elsewhere on sys.path is {spec.origin or spec.submodule_search_locations[0]}"
+             if spec is not None else "")
+    raise ValueError(
+        f"--impl {target}: {module_name!r} resolved to the suite's own {path}, not to your code{yours}. "
+        f"The suite's checkout ({suite_root}) comes first on sys.path here and its {top}/ shadows yours: run "
+        "`tritoncheck OP=module:function` from your project's directory (or pytest there with tritoncheck "
+        "installed), or rename your package.")
 
 
 def register_implementation(op: str, fn: Callable | str, name: str | None = None) -> Implementation:
@@ -285,6 +320,11 @@ def register_implementation(op: str, fn: Callable | str, name: str | None = None
                              target=label)
     _user_impls.setdefault(op, []).append(impl)
     return impl
+
+
+def user_implementations() -> dict[str, list[Implementation]]:
+    """The implementations registered with ``--impl`` or :func:`register_implementation`, by op."""
+    return {op: list(impls) for op, impls in _user_impls.items()}
 
 
 def clear_implementations() -> None:

@@ -22,23 +22,28 @@ from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
 from hypothesis.vendor import pretty
 
-from properties import autotune_configs, backend, devices, refusals, registry
-from properties.config import CONFIG
-from properties.generic import rule_name
-from properties.limits import OutsideLimits
-from properties.oracle import recording
-from properties.poisoning import poisoned_allocations_for
-from properties.refusals import Refusal
-from properties.registry import Check, Implementation, OpSpec
-from properties.strategies import Case
+from tritoncheck import autotune_configs, backend, devices, refusals, registry
+from tritoncheck.config import CONFIG
+from tritoncheck.generic import rule_name
+from tritoncheck.limits import OutsideLimits
+from tritoncheck.oracle import recording
+from tritoncheck.poisoning import poisoned_allocations_for
+from tritoncheck.refusals import Refusal
+from tritoncheck.registry import Check, Implementation, OpSpec
+from tritoncheck.strategies import Case
 
 RECORDED_CHECKS = ("matches_reference", "gradients_match_reference")
-_collector = None  # set by conftest to a report.Collector
+_collector = None  # the run's report.Collector, set by the plugin
 
 
 def set_collector(collector) -> None:
     global _collector
     _collector = collector
+
+
+def collector():
+    """The run's report collector (None outside a run of the plugin)."""
+    return _collector
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -62,7 +67,7 @@ class Target:
     def strategy(self) -> st.SearchStrategy[Case]:
         """The check's cases, drawn inside the implementation's declared limits: the
         op's strategy takes them as a parameter (sizes, scalar choices), and dtype and
-        layout limits map each drawn case (properties/limits.py)."""
+        layout limits map each drawn case (tritoncheck/limits.py)."""
         limits = self.impl.limits
         op = dataclasses.replace(self.op, cases=functools.partial(self.op.cases, limits=limits)) if limits else self.op
         cases = self.check.cases(op, self.dtype) if self.check.cases is not None else op.cases(self.dtype)
@@ -102,7 +107,7 @@ class Target:
                 raise AssertionError(
                     f"{self.impl.name} refused the input: {exc.message}\n({self.impl.kind} implementations must "
                     f"accept the whole contract; --refusals={CONFIG.refusals})\n{self.check.name} on:\n"
-                    f"{case.describe()}\nreplay: python -m properties.replay {path}") from None
+                    f"{case.describe()}\nreplay: python -m tritoncheck.replay {path}") from None
             refused = True
             if _collector is not None:
                 _collector.refuse(self, exc.message)
@@ -111,7 +116,7 @@ class Target:
         except Exception as exc:
             path = save_failure(self, case)
             note = (f"\n{self.check.name} failed for {self.impl.name} on:\n{case.describe()}\n"
-                    f"replay: python -m properties.replay {path}")
+                    f"replay: python -m tritoncheck.replay {path}")
             if isinstance(exc, AssertionError):
                 raise AssertionError(f"{exc}\n{note}") from None
             if hasattr(exc, "add_note"):
@@ -131,6 +136,24 @@ class Target:
         # this example is refused but not yet counted (``count`` runs in run's ``finally``)
         if n >= refusals.ALL_REFUSED_AFTER and _collector.examples[self.id] + 1 == n + _collector.invalid[self.id]:
             pytest.skip(f"every example was refused ({n} drawn): {refusals.summarise(refused)}")
+
+
+def account_refusals(target: Target, excinfo, report, item) -> None:
+    """The verdict's part of what ``target``'s implementation refused: a test in which
+    Hypothesis found no accepted example (``Unsatisfiable``, before ALL_REFUSED_AFTER) is
+    skipped with the refusals, as ``Target._skip_if_all_refused`` skips one past it; a
+    failure or a pass lists the refusals it saw beside it."""
+    from hypothesis.errors import Unsatisfiable
+    refused = _collector.refusals_of(target.id) if _collector is not None else {}
+    if not refused:
+        return
+    if report.failed and excinfo is not None and excinfo.errisinstance(Unsatisfiable):
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0,
+                           f"Skipped: every example was refused: {refusals.summarise(refused)}")
+        return
+    report.sections.append(("refusals", f"{sum(refused.values())} example(s) refused by the implementation: "
+                                        f"{refusals.summarise(refused, limit=10)}"))
 
 
 def vacuity_failure(target: Target) -> str | None:
@@ -164,7 +187,7 @@ pretty.for_type_by_name(__name__, "Target", lambda target, p, cycle: p.text(f"Ta
 
 def save_failure(target: Target, case: Case) -> Path:
     """Write what replays the failure: ``<id>.json`` (the case, for
-    ``python -m properties.replay``), ``<id>.pt`` (the inputs themselves, strides and
+    ``python -m tritoncheck.replay``), ``<id>.pt`` (the inputs themselves, strides and
     storage offsets included) and ``<id>.py`` (a script that needs neither pytest nor
     Hypothesis: it loads the inputs, runs the implementation and the fp64 reference,
     prints the error, then replays the failed check)."""
@@ -181,13 +204,13 @@ def save_failure(target: Target, case: Case) -> Path:
         id=target.id, check=target.check.name, impl=target.impl.target, op=target.op.name,
         reference=f"{target.op.reference.__module__}:{target.op.reference.__name__}",
         args=tuple(case.args), kwargs=dict(case.kwargs), outputs=tuple(target.op.outputs), stem=stem,
-        backend=backend.current(), root=Path(__file__).resolve().parents[1]))
+        backend=backend.current(), root=Path(__file__).resolve().parents[1], cwd=Path.cwd()))
     return path
 
 
 _SCRIPT = '''"""Standalone reproducer for {id} (written by the suite; no pytest or Hypothesis needed).
 
-Run from the suite's checkout:  python {stem}.py   (or: python -m properties.replay {stem}.json)
+Run from the directory the suite ran in:  python {stem}.py   (or: python -m tritoncheck.replay {stem}.json)
 """
 import importlib
 import os
@@ -195,7 +218,12 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, "{root}")  # the suite's checkout, for kernels/, references/, properties/
+# the implementation imports as it did in the run (from its directory, first); tritoncheck
+# from where it is installed, else from the checkout that wrote this file (last: its
+# kernels/ must not shadow a user's package of that name)
+sys.path.insert(0, os.getcwd())
+sys.path.insert(1, "{cwd}")
+sys.path.append("{root}")
 os.environ.setdefault("TRITON_INTERPRET", "1" if "{backend}" == "interpret" else "0")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -226,14 +254,16 @@ for name, g, e in zip({outputs}, got, expected):
     print(f"{op} output {{name}}: max |error| {{err.max() if err.size else 0:.3g}} at {{list(map(int, i))}} "
           f"(expected {{e[i] if err.size else 0:.9g}}, got {{g[i] if err.size else 0:.9g}})")
 print("replaying the failed check, {check}:")
-from properties import replay  # noqa: E402
+from tritoncheck import replay  # noqa: E402
 
 sys.exit(replay.main([str(HERE / "{stem}.json")]))
 '''
 
 
 def targets() -> list[Target]:
-    from properties.context_parallel import OP as CP_OP  # distributed: tests/test_context_parallel.py checks it
+    from tritoncheck.properties.context_parallel import (
+        OP as CP_OP,  # distributed: tests/test_context_parallel.py checks it
+    )
     ops = registry.load()
     chosen = tuple(o for o in CONFIG.ops if o != CP_OP) if CONFIG.ops else tuple(ops)
     unknown = set(chosen) - set(ops)

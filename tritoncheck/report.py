@@ -46,10 +46,10 @@ class Collector:
         return dict(self.refused.get(test_id, {}))
 
     def sink(self, target, case):
-        from properties import backend
+        from tritoncheck import backend
 
         def record(c, parity=None, passed=None):
-            # parity: PyTorch's error on the same input (properties/parity.py); passed: the
+            # parity: PyTorch's error on the same input (tritoncheck/parity.py); passed: the
             # verdict under the run's --tolerance mode, when it is not the comparison's own
             tally = self.vacuity[target.id][c.output]
             tally[0] += 1
@@ -69,7 +69,7 @@ class Collector:
 
     def dump(self, folder: Path, name: str, gpu: int | None = None) -> None:
         """Write this process's rows; ``gpu``: the CUDA device index its tests ran on
-        (properties/devices.py: one GPU per xdist worker), None off CUDA."""
+        (tritoncheck/devices.py: one GPU per xdist worker), None off CUDA."""
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{name}.json").write_text(json.dumps({"rows": self.rows, "examples": self.examples,
                                                            "invalid": self.invalid, "refused": self.refused,
@@ -140,7 +140,7 @@ def vacuous_where(rows: list[dict], top: int = 3) -> list[dict]:
 
 def _parity_summary(rows: list[dict]) -> dict:
     """The largest kernel / PyTorch error ratio over the examples that had a yardstick,
-    with PyTorch's own error on that example (properties/parity.py)."""
+    with PyTorch's own error on that example (tritoncheck/parity.py)."""
     measured = [r for r in rows if r.get("parity_ratio") is not None]
     if not measured:
         return {"max_parity_ratio": None, "baseline_at_max_ratio": None, "parity_examples": 0}
@@ -182,15 +182,15 @@ def timings(seconds: dict[str, list[float]]) -> dict[str, dict]:
 
 
 # The derived rounding bounds are not statistical checks, but their sqrt(n) part is a
-# probabilistic bound (properties/tolerance.py, SUM_LAMBDA): said once in every report.
+# probabilistic bound (tritoncheck/tolerance.py, SUM_LAMBDA): said once in every report.
 ROUNDING_NOTE = ("the derived allowances' sqrt(n) sum terms are probabilistic bounds acting at lambda = "
-                 "SAFETY x SUM_LAMBDA = 10: at most 2 exp(-50) = 3.9e-22 per sum (properties/tolerance.py)")
+                 "SAFETY x SUM_LAMBDA = 10: at most 2 exp(-50) = 3.9e-22 per sum (tritoncheck/tolerance.py)")
 
 
 def statistical(examples: dict[str, int], invalid: dict[str, int]) -> dict:
     """Per test of a statistical check (``Check.false_alarm`` set): the examples that reached
     a verdict, the rate per example and their product; and the union bound over the run."""
-    from properties import registry
+    from tritoncheck import registry
     tests = {}
     for test, n in sorted(examples.items()):
         op, check = test.split("-")[0], test.rsplit("-", 1)[-1]
@@ -204,7 +204,7 @@ def statistical(examples: dict[str, int], invalid: dict[str, int]) -> dict:
 
 def gpu_line(report: dict) -> str:
     """How many tests each GPU ran (empty off CUDA): a run with ``-n N`` on G GPUs spreads
-    its workers over all of them (properties/devices.py)."""
+    its workers over all of them (tritoncheck/devices.py)."""
     per_test = report.get("gpu_per_test") or {}
     if not per_test:
         return ""
@@ -273,7 +273,7 @@ DISCARD_SHOWN = 0.10  # a test whose examples were discarded more often than thi
 def discard_rows(report: dict) -> list[dict]:
     """Tests whose examples were refused, vacuous, or discarded (assume) more than
     :data:`DISCARD_SHOWN` of the time: what a pass did not cover."""
-    from properties.refusals import summarise
+    from tritoncheck.refusals import summarise
     ex, bad = report.get("examples_per_test", {}), report.get("invalid_per_test", {})
     refused, vacuous = report.get("refusals_per_test", {}), report.get("vacuous_per_test", {})
     rows = []

@@ -52,7 +52,7 @@ def _rank_main(rank: int, world: int, dist_backend: str, init_file: str, suite_b
     """One rank: join the group, then run tasks ``(seq, target, payload)`` until None."""
     import torch.distributed as dist
 
-    from properties import backend, registry
+    from tritoncheck import backend, registry
     backend.select(suite_backend)  # TRITON_INTERPRET before Triton is imported
     torch.set_num_threads(1)  # W ranks beside the xdist workers on the same cores
     device = torch.device("cpu")

@@ -28,7 +28,7 @@ Two guards keep a comparison from passing without checking:
   within the fp64 reference's own error (:data:`REFERENCE_RESOLUTION`: an exact 0
   that the reference computes as 1e-17 noise). The report carries the counts, and a
   test in which most examples are mostly vacuous fails
-  (:func:`properties.harness.vacuity_failure`).
+  (:func:`tritoncheck.harness.vacuity_failure`).
 """
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from properties import tolerance
-from properties.tolerance import float64_on
+from tritoncheck import tolerance
+from tritoncheck.tolerance import float64_on
 
 
 @dataclass(frozen=True)
@@ -226,7 +226,7 @@ _recorder: contextvars.ContextVar[Callable[[Comparison], None] | None] = context
 
 def current_sink() -> Callable[..., None] | None:
     """Where comparisons are recorded now (None: not recording); for checks that record
-    more than a Comparison (properties/parity.py adds PyTorch's error)."""
+    more than a Comparison (tritoncheck/parity.py adds PyTorch's error)."""
     return _recorder.get()
 
 

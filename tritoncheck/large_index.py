@@ -24,10 +24,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from properties import generic
-from properties.oracle import assert_close, to_numpy
-from properties.registry import OPS, Implementation
-from properties.strategies import Case, TensorSpec
+from tritoncheck import generic
+from tritoncheck.oracle import assert_close, to_numpy
+from tritoncheck.registry import OPS, Implementation
+from tritoncheck.strategies import Case, TensorSpec
 
 PAST_INT32 = 2**31 + 2**20  # elements: past the int32 range with room to spare
 SAMPLE = 6  # slices compared besides the ones at the ends and at the 2**31 boundary
@@ -231,9 +231,9 @@ def _compare_grads(spec, problem, case, sub, dys, grads, impl, where, index) -> 
 def verdict_of(target: str, op: str, dtype_name: str):
     """The check on the implementation ``target`` as a self-test verdict (failed or not),
     for running it in an isolated child (a wild offset can break the CUDA context)."""
-    from properties import backend, registry
-    from properties.selfcheck import Verdict
-    from properties.strategies import dtype_from_name
+    from tritoncheck import backend, registry
+    from tritoncheck.selfcheck import Verdict
+    from tritoncheck.strategies import dtype_from_name
     registry.load()
     fn, dtype = registry.resolve(target), dtype_from_name(dtype_name)
     try:

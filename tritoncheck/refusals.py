@@ -8,7 +8,7 @@ counted with its message, so that a kernel with a narrow domain is judged on wha
 accepts and the report says what it refused.
 
 What is a refusal is decided here, at the one place the suite calls an
-implementation (:meth:`properties.strategies.Case.call`): one of the three exception
+implementation (:meth:`tritoncheck.strategies.Case.call`): one of the three exception
 types, raised out of the implementation's own frames. Not a refusal: any other
 exception (a CUDA error, a crash, an ``AssertionError``); an error raised inside
 Triton's launch or compile machinery or its interpreter (a kernel that breaks, not a
@@ -41,7 +41,7 @@ class Refusal(Exception):
 
 @functools.cache
 def _triton_dir() -> str | None:
-    # looked up on first use: importing triton fixes the backend (properties/backend.py)
+    # looked up on first use: importing triton fixes the backend (tritoncheck/backend.py)
     spec = importlib.util.find_spec("triton")
     return str(Path(spec.origin).resolve().parent) if spec and spec.origin else None
 

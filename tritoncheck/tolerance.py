@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from properties import backend
+from tritoncheck import backend
 
 # Where the three constants come from:
 # * SAFETY = 2: first-order bounds drop products of two rounding errors (n^2 u^2 for a sum

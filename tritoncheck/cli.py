@@ -1,0 +1,102 @@
+"""The ``tritoncheck`` command: check your own kernels from any directory.
+
+    tritoncheck softmax=mykernels.softmax:softmax attention=mykernels.fa:flash_attention
+
+runs every check of the named ops on those functions (imported from the current
+directory, as ``python -m`` would, or from ``PYTHONPATH``), writes the tolerance report
+and the failing cases' replay files under ``--report-dir`` (``./reports``) and exits 0
+only when every check that could run passed. pytest runs underneath: anything after
+``--`` goes to it unchanged, and ``pytest --impl OP=module:function`` does the same.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+EPILOG = """\
+options after -- go to pytest as they are (e.g. -- -x -k rows_sum_to_one).
+
+what your function may declare about itself (attributes, validated when it is loaded):
+  fn.dtypes = (torch.float16,)          only these dtypes; the others are skipped with the reason
+  fn.supports_backward = False          no gradient checks
+  fn.limits = {"max_size": {"N": 65536}}   the domain it accepts: cases are drawn inside it
+  fn.expected_failures = {...}          strict xfails scoped by check, dtype and backend
+  fn.fp32_dot_precision = "ieee"        the tolerance for fp32 tl.dot ("tf32" is the CUDA default)
+  (docs/contract.md lists them all)
+
+exit status: 0 every check passed; 1 a check failed (each failure prints the case in words
+and a replay command); 2 a usage error (an --impl that does not import, an unknown op).
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tritoncheck", description="Fuzz-test Triton kernels against fp64 references with derived tolerances.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("impls", nargs="*", metavar="OP=module:function",
+                   help="the function to check for OP (repeatable); only the ops named run")
+    p.add_argument("--list-ops", action="store_true", help="print the contract table of every op and exit")
+    p.add_argument("--dtype", action="append", default=[], metavar="DTYPE",
+                   help="only this dtype: float32, float16, bfloat16 (repeatable)")
+    p.add_argument("--backend", choices=("auto", "cuda", "interpret"), default="auto",
+                   help="cuda, the Triton interpreter on CPU, or auto (cuda if available)")
+    p.add_argument("--profile", choices=("dev", "ci", "gpu", "nightly"), default=None,
+                   help="examples and sizes: ci (small shapes, 20 examples; the CPU default), gpu (large shapes, "
+                        "100; the CUDA default), nightly (1000), dev")
+    p.add_argument("--max-examples", type=int, default=None, metavar="N", help="examples per check")
+    p.add_argument("--refusals", choices=("auto", "discard", "fail"), default="auto",
+                   help="what a ValueError/TypeError/NotImplementedError from your function on an input counts as")
+    p.add_argument("--tolerance", choices=("derived", "parity"), default="derived",
+                   help="derived allowances, or parity: also within 2x plain PyTorch's own error")
+    p.add_argument("--report-dir", default="reports", help="where the report and the replay files go (./reports)")
+    p.add_argument("-n", "--workers", default=None, metavar="N",
+                   help="pytest-xdist worker processes (a number or auto); default: one process")
+    return p
+
+
+def pytest_args(ns: argparse.Namespace, extra: list[str]) -> list[str]:
+    """The pytest command line that runs what ``ns`` asks for."""
+    here = Path(__file__).parent
+    # --confcutdir: from an editable install the suite's file lies in a checkout, whose
+    # conftest.py would put the checkout first on sys.path, where its kernels/ would
+    # shadow a user's package of that name.
+    args = [str(here / "suite.py"), "-p", "tritoncheck.plugin", "-o", "tritoncheck=true", "-p", "no:cacheprovider",
+            "--confcutdir", str(here), "--rootdir", os.getcwd(), "--report-dir", ns.report_dir, "--backend", ns.backend,
+            "--refusals", ns.refusals, "--tolerance", ns.tolerance]
+    for spec in ns.impls:
+        args += ["--impl", spec]
+    for dtype in ns.dtype:
+        args += ["--dtype", dtype]
+    if ns.list_ops:
+        args.append("--list-ops")
+    if ns.profile:
+        args += ["--hypothesis-profile", ns.profile]
+    if ns.max_examples is not None:
+        args += ["--max-examples", str(ns.max_examples)]
+    if ns.workers:
+        args += ["-n", str(ns.workers)]
+    return args + extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    ns = parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if not ns.impls and not ns.list_ops:
+        parser().error("name at least one OP=module:function (tritoncheck --list-ops lists the ops)")
+    for spec in ns.impls:
+        if "=" not in spec or ":" not in spec.partition("=")[2]:
+            parser().error(f"{spec!r}: expected OP=package.module:function")
+    # The user's code imports from the current directory, as under `python -m`: here, and
+    # in xdist's worker processes, which inherit PYTHONPATH.
+    here = os.getcwd()
+    sys.path.insert(0, here)
+    os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])
+    import pytest
+    return int(pytest.main(pytest_args(ns, extra)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

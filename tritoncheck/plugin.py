@@ -1,0 +1,405 @@
+"""The pytest plugin: options, Hypothesis profiles, the run's settings, verdicts and reports.
+
+Registered through the ``pytest11`` entry point, so an installed tritoncheck is picked up
+by every pytest run in that environment. It stays inert there (its options exist, nothing
+else happens) until a run asks for it: ``--impl``, ``--list-ops``, ``-p tritoncheck.plugin``,
+or the ini option ``tritoncheck = true`` (the suite's own ``pyproject.toml`` sets it; the
+``tritoncheck`` command passes it). An active run registers one :class:`Session`, which
+holds the run's state and the hooks that need it.
+
+Tests are told apart by markers, never by their node ids: ``tritoncheck_check`` (a check of
+an implementation under test: ``tritoncheck.suite``), ``tritoncheck_cp_check`` (the same
+for context-parallel attention) and ``tritoncheck_mutant`` (a self-test kill).
+
+Hypothesis profiles are registered here, once. CI machines set ``CI=true``, on which
+Hypothesis would load its own built-in ``ci`` profile; ours, registered under the same
+name, replaces it and is loaded explicitly.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.errors import InvalidArgument
+
+from tritoncheck import backend, devices
+from tritoncheck.config import CONFIG, PROFILE_SIZES
+
+NAME = "tritoncheck.plugin"  # the entry point's name: `-p tritoncheck.plugin` is then the same plugin
+CHECK, CP_CHECK, MUTANT = "tritoncheck_check", "tritoncheck_cp_check", "tritoncheck_mutant"
+MARKERS = {
+    CHECK: "a check of an implementation under test (tritoncheck.suite); --impl keeps only these",
+    CP_CHECK: "a context-parallel attention check; --impl cp_attention=... keeps only these",
+    MUTANT: "a mutation self-test kill: counted in the kill rate and the time to kill",
+    "large": "inputs past 2**31 elements (CUDA only, skipped with the reason elsewhere)",
+}
+# The Triton interpreter evaluates kernels with NumPy, which warns on IEEE results the GPU
+# computes silently (log(0) = -inf on a fully masked row).
+INTERPRETER_WARNINGS = ("ignore:invalid value encountered:RuntimeWarning",
+                        "ignore:overflow encountered:RuntimeWarning",
+                        "ignore:divide by zero encountered:RuntimeWarning:triton.runtime.interpreter")
+
+# Each suppressed health check with its reason; the others stay on.
+SUPPRESSED = {
+    # Kernels compile on their first call and the fp64 references are slow by design: a
+    # slow example is the cost of the check, not a strategy drawing too much.
+    HealthCheck.too_slow: "first calls compile kernels; fp64 references are slow by design",
+    # Cases are descriptions (shapes, seeds), never bulk data; the few large ones are
+    # the multi-block sizes the suite exists to reach.
+    HealthCheck.data_too_large: "large shapes are drawn on purpose (rows past every block)",
+    # Refusals (tritoncheck/refusals.py) are rejected examples: a kernel with a narrow,
+    # undeclared domain must end in a pass on what it accepts, or a skip that names its
+    # refusals, not in a health-check error. What assume() and refusals discard is
+    # printed per test (over report.DISCARD_SHOWN) in the terminal table instead.
+    HealthCheck.filter_too_much: "refusals and assume() discards are counted and printed per test",
+    # the checks are one function parametrised over every (op, impl, dtype, check): its
+    # executor is the Target, which differs by design.
+    HealthCheck.differing_executors: "one parametrised test function runs every target",
+}
+_COMMON = dict(
+    deadline=None,  # first calls compile kernels; time is not what is checked
+    print_blob=True,
+    suppress_health_check=list(SUPPRESSED),
+)
+PROFILES = ("dev", "ci", "gpu", "nightly")
+settings.register_profile("dev", max_examples=20, **_COMMON)
+# Sized for the Triton interpreter on a 2-core CPU: small shapes (CONFIG.size),
+# derandomized so CI is reproducible. 20 examples: the checks take ~3.5 min with -n 2
+# (6 took 1 min; 30, 5.4 min, found an fp64 reference NaN that 6 and 15 missed).
+settings.register_profile("ci", max_examples=20, derandomize=True, database=None, **_COMMON)
+settings.register_profile("gpu", max_examples=100, **_COMMON)
+settings.register_profile("nightly", max_examples=1000, **_COMMON)
+
+
+def pytest_addoption(parser):
+    parser.addini("tritoncheck", type="bool", default=False,
+                  help="activate tritoncheck's plugin for this run (the suite's checkout sets it)")
+    group = parser.getgroup("tritoncheck", "Triton kernel checks")
+    group.addoption("--backend", choices=backend.BACKENDS, default="auto",
+                    help="cuda, interpret (Triton interpreter on CPU) or auto (cuda if available)")
+    group.addoption("--op", action="append", default=[], help="run only this op (repeatable)")
+    group.addoption("--dtype", action="append", default=[], help="run only this dtype: float32, float16, bfloat16")
+    group.addoption("--impl", action="append", default=[], metavar="OP=module:function",
+                    help="test this function for OP instead of the project's kernel (repeatable); only the ops named run")
+    group.addoption("--report-dir", default="reports", help="where the tolerance report and failing cases go")
+    group.addoption("--max-examples", type=int, default=None,
+                    help="examples per test, overriding the profile's (sizes still follow the profile)")
+    group.addoption("--list-ops", action="store_true", help="print the contract table of every op and exit")
+    group.addoption("--refusals", choices=("auto", "discard", "fail"), default="auto",
+                    help="an implementation raising ValueError/TypeError/NotImplementedError on an input: discard "
+                         "the example (counted, shown), or fail; auto (default): fail for the project's own "
+                         "kernels, mutants and controls, discard for --impl implementations")
+    group.addoption("--shapes", type=int, default=None, metavar="N",
+                    help="draw the dims kernels specialise or autotune on (head dims, heads, batch, last dims) from "
+                         "a pool fixed for the run per (op, dtype, dim): the block boundaries and N other sizes; "
+                         "sequence and row counts stay free (bounds compilations of autotuned kernels)")
+    group.addoption("--shapes-seed", type=int, default=0, help="which N values --shapes picks")
+    group.addoption("--autotune-config", default="tuned", metavar="tuned|I",
+                    help="tuned (default): autotuned kernels autotune as they do; an index I: every kernel an "
+                         "implementation declares in fn.autotuned runs its config I (modulo its count) only, one "
+                         "compilation per new size instead of a sweep (benchmarks/autotune_sweep.py checks each config)")
+    group.addoption("--cp-world-size", type=int, default=None, metavar="W",
+                    help="ranks (processes; on CUDA one GPU each) for the context-parallel attention checks "
+                         "(gloo on CPU, NCCL on GPUs); default 2")
+    group.addoption("--tolerance", choices=("derived", "parity"), default="derived",
+                    help="derived (default): fail past the derived allowance; parity: fail only past both it and "
+                         "2x plain PyTorch's error in the input dtype on the same input (tritoncheck/parity.py)")
+
+
+def active(config) -> bool:
+    """Whether this run asked for the suite (see the module docstring)."""
+    plugins = getattr(config.option, "plugins", None) or []
+    return bool(config.getini("tritoncheck") or config.getoption("--impl") or config.getoption("--list-ops")
+                or NAME in plugins)
+
+
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis's plugin loads the profile (an unknown one is an internal error there)
+def pytest_cmdline_main(config):
+    if not active(config):
+        return None
+    profile = config.getoption("hypothesis_profile", None)
+    if profile is not None:
+        try:
+            settings.get_profile(profile)
+        except InvalidArgument:
+            raise pytest.UsageError(f"--hypothesis-profile {profile!r}: unknown; the suite's profiles are "
+                                    f"{', '.join(PROFILES)}") from None
+    n = config.getoption("--max-examples")
+    if n is not None and n < 1:
+        raise pytest.UsageError(f"--max-examples {n}: must be at least 1")
+    report_dir = Path(config.getoption("--report-dir"))
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        probe = report_dir / ".write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise pytest.UsageError(f"--report-dir {str(report_dir)!r}: cannot write there ({exc.strerror or exc})") from None
+    if config.getoption("--list-ops"):
+        backend.select(config.getoption("--backend"))
+        from tritoncheck import contract
+        print(contract.markdown_table())
+        return 0
+    return None
+
+
+@pytest.hookimpl(trylast=True)  # after Hypothesis's plugin loads --hypothesis-profile, so --max-examples caps it
+def pytest_configure(config):
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    if not active(config):
+        return
+    for warning in INTERPRETER_WARNINGS:
+        config.addinivalue_line("filterwarnings", warning)
+    # Triton's compile cache ($TRITON_CACHE_DIR, default ~/.triton/cache) is already one
+    # directory shared by every process; autotune timings are not written there unless
+    # asked: ask, so that each config sweep runs once per key for all xdist workers (and
+    # later runs) instead of once per worker. Before --impl imports the user's kernels:
+    # triton.autotune reads it when a kernel is decorated. The interpreter ignores it.
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
+    try:
+        chosen = backend.select(config.getoption("--backend"))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    # One GPU per xdist worker (gw<i> -> GPU i % G), before anything (a --impl module at
+    # import, below) can make a tensor on CUDA's default device
+    devices.select_worker_gpu(config.workerinput["workerid"] if _is_worker(config) else None, chosen)
+    profile = config.getoption("hypothesis_profile", None) or ("gpu" if chosen == "cuda" else "ci")
+    settings.load_profile(profile)
+    if config.getoption("--max-examples"):
+        settings.register_profile(f"{profile}-capped", parent=settings.get_profile(profile),
+                                  max_examples=config.getoption("--max-examples"))
+        settings.load_profile(f"{profile}-capped")
+    try:
+        _configure_run(config, profile)
+    except (ValueError, TypeError) as exc:  # a bad --impl, or a kernel's declarations that do not validate
+        raise pytest.UsageError(str(exc)) from None
+    config.pluginmanager.register(Session(config, profile, chosen), "tritoncheck-session")
+
+
+def _configure_run(config, profile: str) -> None:
+    """The run's settings (``CONFIG``) and implementations from the command line."""
+    from tritoncheck import registry
+    from tritoncheck.properties import context_parallel
+    from tritoncheck.strategies import FLOAT_DTYPES, dtype_from_name
+
+    CONFIG.size = PROFILE_SIZES.get(profile, "small")
+    CONFIG.report_dir = Path(config.getoption("--report-dir"))
+    CONFIG.tolerance = config.getoption("--tolerance")
+    CONFIG.shapes, CONFIG.shapes_seed = config.getoption("--shapes"), config.getoption("--shapes-seed")
+    if CONFIG.shapes is not None and CONFIG.shapes < 1:
+        raise ValueError(f"--shapes must be at least 1, got {CONFIG.shapes}")
+    autotune = config.getoption("--autotune-config")
+    if autotune != "tuned" and not autotune.isdigit():
+        raise ValueError(f"--autotune-config must be 'tuned' or a config index >= 0, got {autotune!r}")
+    CONFIG.autotune_config = None if autotune == "tuned" else int(autotune)
+    CONFIG.ops = tuple(config.getoption("--op")) or None
+    CONFIG.refusals = config.getoption("--refusals")
+    CONFIG.dtypes = tuple(dtype_from_name(d) for d in config.getoption("--dtype")) or None
+    for name, dtype in zip(config.getoption("--dtype"), CONFIG.dtypes or ()):
+        if dtype not in FLOAT_DTYPES:
+            raise ValueError(f"--dtype {name}: the contract's dtypes are float32, float16 and bfloat16")
+    unknown = set(CONFIG.ops or ()) - set(registry.load()) - {context_parallel.OP}
+    if unknown:
+        raise ValueError(f"--op {', '.join(sorted(unknown))}: unknown; known ops: "
+                         f"{', '.join(sorted([*registry.OPS, context_parallel.OP]))}")
+    world = config.getoption("--cp-world-size")
+    if world is not None and world < 1:
+        raise ValueError(f"--cp-world-size {world}: must be at least 1")
+    context_parallel.SETTINGS.world_size = world or context_parallel.DEFAULT_WORLD_SIZE
+    for spec in config.getoption("--impl"):
+        op, sep, target = spec.partition("=")
+        if not sep:
+            raise ValueError(f"--impl {spec!r}: expected OP=package.module:function")
+        if op.strip() == context_parallel.OP:  # distributed: run on ranks, not in the registry's tests
+            context_parallel.register_implementation(target.strip())
+            continue
+        registry.register_implementation(op.strip(), target.strip())
+    user = registry.user_implementations()
+    if user and CONFIG.ops and not set(CONFIG.ops) & set(user):
+        raise ValueError(f"--op {', '.join(CONFIG.ops)} selects none of the ops given with --impl "
+                         f"({', '.join(sorted(user))}): nothing would run")
+    CONFIG.configured = True
+
+
+def _kill_summary(kills: list[tuple[str, bool, float]]) -> list[str]:
+    """The kill rate, and the time to kill (seconds from the start of a hunt to the failure
+    that kills, child start and compiles included) of the kills made: median, 90th
+    percentile, max and the slowest five."""
+    killed = sorted((seconds, name) for name, passed, seconds in kills if passed)
+    lines = [f"kill rate: {len(killed)}/{len(kills)} claimed (mutant, check) kills "
+             f"({100 * len(killed) / len(kills):.1f}%)"]
+    if killed:
+        times = [s for s, _ in killed]
+        lines.append(f"time to kill: median {statistics.median(times):.1f} s, "
+                     f"90th percentile {times[int(0.9 * (len(times) - 1))]:.1f} s, max {times[-1]:.1f} s "
+                     f"over {len(times)} kills; slowest: "
+                     + ", ".join(f"{name} {s:.1f} s" for s, name in reversed(killed[-5:])))
+    return lines
+
+
+class Session:
+    """One active run: what it counted, skipped and killed, and the hooks that read it."""
+
+    def __init__(self, config, profile: str, chosen_backend: str):
+        from tritoncheck import harness, report
+        self.config = config
+        self.profile = profile
+        self.backend = chosen_backend
+        self.worker = config.workerinput["workerid"] if _is_worker(config) else None
+        self.skipped: list[dict] = []
+        self.counted = 0  # checks of an implementation under test that passed or failed
+        self.kills: list[tuple[str, bool, float]] = []
+        self.report: dict | None = None
+        self.nothing_checked = False
+        # A wild or misaligned access on the GPU leaves the process's CUDA context broken
+        # for good: every later CUDA call in it fails with the same error, so every later
+        # test in this process (or xdist worker) would fail too and blame itself.
+        self.cuda_broken_by: str | None = None
+        harness.set_collector(report.Collector())
+        if self.worker is None:
+            report.clear_parts(CONFIG.report_dir)
+        else:
+            # Each xdist worker's fp64 references would otherwise start one thread per core:
+            # 14 workers on 16 cores ran 14 x 16 threads and spent the GPU run waiting on them.
+            import torch
+            workers = int(config.workerinput.get("workercount", 1))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+    @staticmethod
+    def user_implementations() -> bool:
+        from tritoncheck import registry
+        from tritoncheck.properties import context_parallel
+        return bool(registry.user_implementations() or context_parallel.SETTINGS.user_targets)
+
+    def pytest_collection_modifyitems(self, config, items):
+        """--op and --dtype narrow the context-parallel checks as they narrow the registry's;
+        with --impl, only the checks of the user's implementations run: the suite's own
+        kernel tests and self-tests are about the suite, not about the user's kernel."""
+        from tritoncheck import registry
+        from tritoncheck.properties import context_parallel as cp
+
+        def dropped(item) -> bool:
+            if item.get_closest_marker(CP_CHECK):
+                return bool((CONFIG.ops and cp.OP not in CONFIG.ops)
+                            or (CONFIG.dtypes and item.callspec.params["dtype"] not in CONFIG.dtypes))
+            return bool(item.get_closest_marker(CHECK) and CONFIG.ops == (cp.OP,))
+
+        def of_user(item) -> bool:
+            return bool((registry.user_implementations() and item.get_closest_marker(CHECK))
+                        or (cp.SETTINGS.user_targets and item.get_closest_marker(CP_CHECK)))
+
+        keep = [i for i in items if not dropped(i) and (not self.user_implementations() or of_user(i))]
+        if len(keep) < len(items):
+            config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+            items[:] = keep
+
+    def pytest_runtest_logreport(self, report):
+        if MUTANT in report.keywords and report.when == "call":
+            # the call's duration is the time to kill: the hunt in each dtype until one fails
+            self.kills.append((report.nodeid.partition("[")[2].rstrip("]"), report.passed, report.duration))
+        if CHECK not in report.keywords and CP_CHECK not in report.keywords:
+            return
+        if report.when == "call" or (report.when == "setup" and report.skipped):
+            if report.skipped:
+                reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+                outcome = "xfail" if hasattr(report, "wasxfail") else "skipped"
+                self.skipped.append({"test": report.nodeid.split("::")[-1], "outcome": outcome,
+                                     "reason": getattr(report, "wasxfail", None) or reason.replace("Skipped: ", "")})
+            elif report.passed or report.failed:
+                self.counted += 1
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        """A check whose examples all passed still fails when most of them were vacuous
+        (the allowance would have accepted 0: ``tritoncheck.harness.vacuity_failure``)."""
+        result = yield
+        if item.get_closest_marker(CHECK):
+            from tritoncheck import harness
+            problem = harness.vacuity_failure(item.callspec.params["target"])
+            if problem:
+                pytest.fail(problem, pytrace=False)
+        return result
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        report = (yield).get_result()
+        if call.when == "call" and item.get_closest_marker(CHECK):
+            from tritoncheck import harness
+            harness.account_refusals(item.callspec.params["target"], call.excinfo, report, item)
+        if call.when == "call" and report.failed and self.cuda_broken_by is None and self.backend == "cuda":
+            import torch
+            try:
+                torch.cuda.synchronize()  # returns the sticky error if the context is broken
+            except Exception as exc:  # noqa: BLE001 - torch's class for it varies by version
+                self.cuda_broken_by = f"{item.nodeid} ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+
+    def pytest_runtest_setup(self, item):
+        if self.cuda_broken_by:
+            pytest.fail(f"not run: the CUDA context of this process was broken by {self.cuda_broken_by}; "
+                        "every CUDA call here now fails. Fix that failure first (run that test alone "
+                        "to see it), or deselect it.", pytrace=False)
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        import torch
+
+        from tritoncheck import harness, report
+        harness.collector().dump(CONFIG.report_dir / "parts", self.worker or "main",
+                                 gpu=devices.current_gpu(self.backend))
+        if self.worker is not None:
+            return
+        device = torch.cuda.get_device_name() if self.backend == "cuda" else "cpu (Triton interpreter)"
+        import triton
+        meta = {"backend": self.backend, "profile": self.profile, "device": device,
+                "torch": torch.__version__, "triton": triton.__version__, "tolerance": CONFIG.tolerance,
+                "shapes": CONFIG.shapes, "autotune_config": CONFIG.autotune_config}
+        self.report = report.build(CONFIG.report_dir, self.skipped, meta, limits=self._declared_limits())
+        report.write(CONFIG.report_dir, self.report)
+        if self.user_implementations() and self.counted == 0 and exitstatus in (0, 5):
+            # Every check of the user's implementation was skipped: nothing was verified.
+            self.nothing_checked = True
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    @staticmethod
+    def _declared_limits() -> dict[str, str]:
+        from tritoncheck import harness
+        return {f"{t.op.name}-{t.impl.name}": t.impl.limits.describe() for t in harness.targets() if t.impl.limits}
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
+        if self.report is None:
+            return
+        from tritoncheck import report
+        tr, data = terminalreporter, self.report
+        if self.kills:
+            tr.section("mutation self-test")
+            for line in _kill_summary(self.kills):
+                tr.write_line(line)
+        if not data["outputs"] and not self.skipped and not data["statistical"]["tests"]:
+            return
+        tr.section("tolerance report")
+        if data["outputs"]:
+            tr.write_line(report.table(data))
+        discards = report.discard_table(data)
+        if discards:
+            tr.write_line("")
+            tr.write_line(f"examples that did not count (refused, vacuous, or over {report.DISCARD_SHOWN:.0%} "
+                          "discarded by assume):")
+            tr.write_line(discards)
+        for line in report.vacuous_lines(data):
+            tr.write_line(line)
+        for name, text in sorted(data.get("limits", {}).items()):
+            tr.write_line(f"declared limits of {name}: {text}")
+        for line in (report.timing_line(data), report.gpu_line(data), report.statistical_line(data)):
+            if line:
+                tr.write_line(line)
+        tr.write_line(f"full report: {CONFIG.report_dir / 'report.html'} (also .md, .json)")
+        if self.nothing_checked:
+            tr.write_line("ERROR: no check could run on the implementation(s) given with --impl "
+                          "(every one was skipped); nothing was verified", red=True)
