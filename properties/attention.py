@@ -49,9 +49,11 @@ from tritoncheck.properties import attention_tolerance as rules
 from tritoncheck.references import attention as ref
 
 from tritoncheck import backend, tolerance
+from tritoncheck.bad_input import OTHER_DEVICE, BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import generic_checks, precision, require_grad_fn, run, with_upstream
 from tritoncheck.generic import gradients_match_reference as _generic_gradients_match_reference
+from tritoncheck.large_problem import LargeProblem, heads
 from tritoncheck.limits import NO_LIMITS, Limits, OutsideLimits
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
 from tritoncheck.registry import OPS, Check, Implementation, OpSpec, register
@@ -939,6 +941,51 @@ def _output_shapes(case: Case) -> dict:
 _checks = tuple(dataclasses.replace(c, run=gradients_match_reference) if c.name == "gradients_match_reference"
                 else c for c in generic_checks(grad=True))
 
+
+def _attention_baseline(case, values, outs):
+    """Plain attention in the input dtype (tritoncheck.controls.attention's masks: GQA, bottom-right
+    causal, window, softcap, ALiBi); lse from the same scores, in the dtype."""
+    from tritoncheck.controls.attention import _grouped, _masked_scores, _scale, _visible
+    args = {**values, **case.kwargs}
+    q, k, v = args["q"], args["k"], args["v"]
+    causal, window = args.get("causal", False), tuple(args.get("window", (-1, -1)))
+    scale = _scale(args.get("sm_scale"), q.shape[-1])
+    keep = _visible(q.shape[-2], k.shape[-2], causal, window, q.device)
+    s = _masked_scores(q, k, keep, scale, q.dtype, args.get("softcap", 0.0), args.get("alibi_slopes"))
+    empty = torch.isneginf(s).all(dim=-1, keepdim=True)  # a row without a key: o = 0
+    p = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    o = p @ _grouped(v, q.shape[1])
+    return o, torch.logsumexp(s, dim=-1).float()  # lse is float32 by the contract; computed in the dtype
+
+
+def _valid_attention_call(dims, device):
+    b, h, n, m, d = (dims[k] for k in ("b", "h", "n", "m", "d"))
+    return {"q": randn((b, h, n, d), device), "k": randn((b, h, m, d), device), "v": randn((b, h, m, d), device),
+            "causal": False, "sm_scale": None, "window": (-1, -1), "alibi_slopes": randn((b, h), device),
+            "softcap": 0.0, "dropout_p": 0.25, "seed": 7, "return_keep": False}
+
+
+_ATTENTION_SPOILERS = (
+    tensor_spoilers("q", fixed_rank=True) + tensor_spoilers("k", fixed_rank=True) + tensor_spoilers("v", fixed_rank=True)
+    + (Spoiler("k", "a head dim other than q's", lambda a: widen_last(a["k"])),
+       Spoiler("v", "another key count than k", lambda a: torch.cat([a["v"], a["v"][:, :, :1]], dim=2)),
+       Spoiler("k", "another batch than q", lambda a: torch.cat([a["k"], a["k"]], dim=0)),
+       Spoiler("v", "float16 while q is float32", lambda a: a["v"].half()),
+       Spoiler("k", "a head count that does not divide q's", lambda a: torch.cat([a["k"], a["k"][:, :1]], dim=1)),
+       Spoiler("v", "another head count than k", lambda a: torch.cat([a["v"], a["v"][:, :1]], dim=1)))
+    + scalar_spoilers("sm_scale", (0.0, -0.5, math.nan, math.inf, "auto"))
+    + scalar_spoilers("causal", ("yes",))
+    + scalar_spoilers("window", (4, (2.0, 0), (-2, 0), (1, 2, 3), "wide"))
+    + (Spoiler("alibi_slopes", "a list instead of a tensor", lambda a: a["alibi_slopes"].tolist()),
+       Spoiler("alibi_slopes", "float16", lambda a: a["alibi_slopes"].half()),
+       Spoiler("alibi_slopes", "one head more than q", lambda a: widen_last(a["alibi_slopes"])),
+       Spoiler("alibi_slopes", "on another device", lambda a: torch.empty_like(a["alibi_slopes"], device=OTHER_DEVICE)))
+    + scalar_spoilers("softcap", (-1.0, math.nan, math.inf, "30"))
+    + scalar_spoilers("dropout_p", (-0.1, 1.0, 1.5, math.nan, math.inf, "half", True, None))
+    + scalar_spoilers("seed", (1.5, "seven", None, -1, 2**63, True))
+    + scalar_spoilers("return_keep", ("yes", 1, None)))
+
+
 register(OpSpec(
     name="attention",
     signature="attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0, "
@@ -968,6 +1015,10 @@ register(OpSpec(
                "return_keep"),
     outputs=("o", "lse"),
     kernel="tritoncheck.kernels.attention:attention",
+    controls=("tritoncheck.controls.attention:sdpa", "tritoncheck.controls.attention:naive_torch"),
+    baseline=_attention_baseline,
+    large_problem=LargeProblem(heads(2048, 128), "heads", ("q", "k", "v")),
+    bad_input=BadInput(_valid_attention_call, _ATTENTION_SPOILERS),
     reference=ref.attention,
     torch_reference=ref.attention_torch,
     cases=attention_cases,
@@ -979,8 +1030,7 @@ register(OpSpec(
     output_dtypes={"lse": torch.float32},
     checks=_checks + (
         Check("causal_mask_respected", causal_mask_respected, cases=_cases(causal=True, min_n=2)),
-        Check("causal_gradient_respected", causal_gradient_respected, cases=_upstream(causal=True, min_n=2),
-              needs_backward=True, requires=lambda impl: None if impl.supports_backward
+        Check("causal_gradient_respected", causal_gradient_respected, cases=_upstream(causal=True, min_n=2), requires=lambda impl: None if impl.supports_backward
               else f"{impl.name} declares supports_backward = False"),
         Check("online_lse_matches_full", online_lse_matches_full, cases=_key_block_cases()),
         Check("split_kv_merge", split_kv_merge, cases=_key_block_cases()),
@@ -988,12 +1038,12 @@ register(OpSpec(
               cases=_cases(causal=False, min_n=2, windows=(NO_WINDOW,), alibi=False)),
         Check("batch_heads_independent", batch_heads_independent, cases=_cases(min_bh=2)),
         Check("uniform_values_preserved", uniform_values_preserved),
-        Check("gqa_equals_repeated_kv", gqa_equals_repeated_kv, cases=_upstream(gqa=True), needs_backward=True,
+        Check("gqa_equals_repeated_kv", gqa_equals_repeated_kv, cases=_upstream(gqa=True),
               requires=lambda impl: None if impl.supports_backward
               else f"{impl.name} declares supports_backward = False"),
         Check("bottom_right_causal_is_last_rows", bottom_right_causal_is_last_rows,
               cases=_cases(causal=True, shape="wide")),
-        Check("empty_rows_zero", empty_rows_zero, cases=_upstream(causal=True, shape="tall"), needs_backward=True,
+        Check("empty_rows_zero", empty_rows_zero, cases=_upstream(causal=True, shape="tall"),
               requires=lambda impl: None if impl.supports_backward
               else f"{impl.name} declares supports_backward = False"),
         Check("window_outside_keys_ignored", window_outside_keys_ignored, cases=_cases(windows=WINDOWS[1:])),

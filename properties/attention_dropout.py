@@ -309,6 +309,5 @@ CHECKS = (
           false_alarm=ALARM_KEEP + ALARM_INDEPENDENT),
     Check("dropout_matches_reference", dropout_matches_reference, cases=_cases(), requires=_takes("return_keep")),
     Check("dropout_gradient_uses_keep", dropout_gradient_uses_keep, cases=_cases(upstream=True, tiles=2),
-          needs_backward=True,
           requires=_takes_with_backward("return_keep")),
 )

@@ -10,10 +10,14 @@ from hypothesis import strategies as st
 from tritoncheck.properties import elementwise_tolerance as rules
 from tritoncheck.references import elementwise as ref
 
+from tritoncheck.bad_input import BadInput, Spoiler, randn, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import UPSTREAM_FAMILIES, generic_checks, precision, run
+from tritoncheck.large_problem import LargeProblem, row_wise, rows_past_int32
+from tritoncheck.large_problem import randn as large_randn
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.oracle import assert_close, to_numpy
+from tritoncheck.parity import control_baseline
 from tritoncheck.registry import Check, Implementation, OpSpec, register
 from tritoncheck.strategies import Case, Layout, TensorSpec, layouts, sizes, special_values, tensors
 
@@ -95,6 +99,16 @@ def pair_norms_preserved(case: Case, impl: Implementation) -> None:
                  what="rope changed the norm of an interleaved pair", dtype=getattr(torch, case.dtype), record=False)
 
 
+
+def _large_rope(s: int, d: int):
+    def build(dtype, device):
+        batch = math.ceil(rows_past_int32(s * d) / 16)
+        theta = torch.rand((s, d // 2), device=device) * 6.2831853
+        return {"x": large_randn((batch, 16, s, d), dtype, device), "cos": theta.cos().to(dtype),
+                "sin": theta.sin().to(dtype)}
+    return build
+
+
 register(OpSpec(
     name="rope",
     signature="rope(x, cos, sin) -> y",
@@ -105,6 +119,17 @@ register(OpSpec(
     arguments=("x", "cos", "sin"),
     outputs=("y",),
     kernel="tritoncheck.kernels.elementwise:rope",
+    controls=("tritoncheck.controls.elementwise:torch_rope",),
+    baseline=control_baseline("tritoncheck.controls.elementwise:torch_rope"),
+    large_problem=LargeProblem(_large_rope(4096, 128), "heads", ("x",)),
+    bad_input=BadInput(
+        lambda dims, device: {"x": randn((dims["b"], dims["h"], dims["n"], 2 * dims["d"]), device),
+                              "cos": randn((dims["n"], dims["d"]), device), "sin": randn((dims["n"], dims["d"]), device)},
+        tensor_spoilers("x", fixed_rank=True) + tensor_spoilers("cos", fixed_rank=True)
+        + tensor_spoilers("sin", fixed_rank=True)
+        + (Spoiler("x", "an odd head dim", lambda a: a["x"][..., :-1]),
+           Spoiler("cos", "one position more than x", lambda a: torch.cat([a["cos"], a["cos"][:1]])),
+           Spoiler("sin", "a wider table than D // 2", lambda a: widen_last(a["sin"])))),
     reference=ref.rope,
     torch_reference=ref.rope_torch,
     cases=rope_cases,
@@ -192,6 +217,14 @@ register(OpSpec(
     arguments=("gate", "up"),
     outputs=("y",),
     kernel="tritoncheck.kernels.elementwise:swiglu",
+    controls=("tritoncheck.controls.elementwise:torch_swiglu",),
+    baseline=control_baseline("tritoncheck.controls.elementwise:torch_swiglu"),
+    large_problem=LargeProblem(row_wise(11008, "gate", "up"), "rows", ("gate", "up")),
+    bad_input=BadInput(
+        lambda dims, device: {"gate": randn((dims["b"], dims["n"]), device), "up": randn((dims["b"], dims["n"]), device)},
+        tensor_spoilers("gate", fixed_rank=False) + tensor_spoilers("up", fixed_rank=False)
+        + (Spoiler("up", "another shape than gate", lambda a: widen_last(a["up"])),
+           Spoiler("up", "float16 while gate is float32", lambda a: a["up"].half()))),
     reference=ref.swiglu,
     torch_reference=ref.swiglu_torch,
     cases=swiglu_cases,

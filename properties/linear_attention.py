@@ -38,10 +38,13 @@ from tritoncheck.properties import linear_attention_tolerance as rules
 from tritoncheck.references import linear_attention as ref
 
 from tritoncheck import backend, generic, parity, tolerance
+from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import generic_checks, precision, run
+from tritoncheck.large_problem import LargeProblem, heads, row_wise
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
+from tritoncheck.parity import control_baseline
 from tritoncheck.registry import OPS, Check, Implementation, OpSpec, register
 from tritoncheck.strategies import FAMILIES, Case, Layout, TensorSpec, layouts, sizes, special_values, tensors
 
@@ -123,6 +126,11 @@ register(OpSpec(
     arguments=("x",),
     outputs=("y",),
     kernel="tritoncheck.kernels.linear_attention:elu_feature_map",
+    controls=("tritoncheck.controls.linear_attention:torch_elu_feature_map",),
+    baseline=control_baseline("tritoncheck.controls.linear_attention:torch_elu_feature_map"),
+    large_problem=LargeProblem(row_wise(8191), "rows", ("x",)),
+    bad_input=BadInput(lambda dims, device: {"x": randn((dims["b"], dims["n"]), device)},
+                       tensor_spoilers("x", fixed_rank=False)),
     reference=ref.elu_feature_map,
     torch_reference=ref.elu_feature_map_torch,
     cases=elu_feature_map_cases,
@@ -365,6 +373,19 @@ register(OpSpec(
     arguments=("q", "k", "v", "causal", "eps"),
     outputs=("o",),
     kernel="tritoncheck.kernels.linear_attention:linear_attention",
+    controls=("tritoncheck.controls.linear_attention:torch_linear_attention",),
+    baseline=control_baseline("tritoncheck.controls.linear_attention:torch_linear_attention"),
+    large_problem=LargeProblem(heads(4096, 64, positive=True, v_dim=64), "heads", ("q", "k", "v")),
+    bad_input=BadInput(
+        lambda dims, device: {"q": randn((dims["b"], dims["h"], dims["n"], dims["d"]), device).abs(),
+                              "k": randn((dims["b"], dims["h"], dims["n"], dims["d"]), device).abs(),
+                              "v": randn((dims["b"], dims["h"], dims["n"], dims["d"] + 1), device),
+                              "causal": False, "eps": 1e-6},
+        tensor_spoilers("q", fixed_rank=True) + tensor_spoilers("k", fixed_rank=True)
+        + tensor_spoilers("v", fixed_rank=True)
+        + (Spoiler("k", "a head dim other than q's", lambda a: widen_last(a["k"])),
+           Spoiler("v", "another length than q", lambda a: torch.cat([a["v"], a["v"][:, :, :1]], dim=2)))
+        + scalar_spoilers("eps", (-1e-6, math.nan, "tiny")) + scalar_spoilers("causal", ("yes",))),
     reference=ref.linear_attention,
     torch_reference=ref.linear_attention_torch,
     cases=linear_attention_cases,

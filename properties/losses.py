@@ -9,10 +9,14 @@ from tritoncheck.properties import losses_tolerance as rules
 from tritoncheck.references import losses as ref
 
 from tritoncheck import backend
+from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import generic_checks, precision, require_grad_fn, run, with_upstream
+from tritoncheck.large_problem import LargeProblem, rows_past_int32
+from tritoncheck.large_problem import randn as large_randn
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
+from tritoncheck.parity import control_baseline
 from tritoncheck.registry import OPS, Check, Implementation, OpSpec, register
 from tritoncheck.strategies import FAMILIES, Case, TensorSpec, special_values, tensors
 
@@ -185,6 +189,14 @@ def shift_invariant(case: Case, impl: Implementation) -> None:
                  dtype=torch.float32, record=False)
 
 
+
+def _large_cross_entropy(v: int):
+    def build(dtype, device):
+        m = rows_past_int32(v)
+        return {"logits": large_randn((m, v), dtype, device), "target": torch.randint(0, v, (m,), device=device)}
+    return build
+
+
 register(OpSpec(
     name="cross_entropy",
     signature="cross_entropy(logits, target, ignore_index=-100) -> loss",
@@ -195,6 +207,20 @@ register(OpSpec(
     arguments=("logits", "target", "ignore_index"),
     outputs=("loss",),
     kernel="tritoncheck.kernels.losses:cross_entropy",
+    controls=("tritoncheck.controls.losses:torch_cross_entropy", "tritoncheck.controls.losses:stored_gradient_cross_entropy",
+              "tritoncheck.controls.losses:torch_cross_entropy_input_dtype"),
+    baseline=control_baseline("tritoncheck.controls.losses:torch_cross_entropy_input_dtype"),
+    # a vocabulary as models use them (Llama 3: 128256)
+    large_problem=LargeProblem(_large_cross_entropy(128256), "rows", ("logits", "target")),
+    bad_input=BadInput(
+        lambda dims, device: {"logits": randn((dims["b"], dims["n"]), device),
+                              "target": torch.randint(0, dims["n"], (dims["b"],), device=device), "ignore_index": -100},
+        tensor_spoilers("logits", fixed_rank=True) + tensor_spoilers("target", fixed_rank=True, integer=True)
+        + (Spoiler("target", "one row more than logits", lambda a: torch.cat([a["target"], a["target"][:1]])),
+           Spoiler("target", "a class index equal to V",
+                   lambda a: torch.full_like(a["target"], a["logits"].shape[1])),
+           Spoiler("target", "a negative class index", lambda a: torch.full_like(a["target"], -3)))
+        + scalar_spoilers("ignore_index", (1.5, "none"))),
     reference=ref.cross_entropy,
     torch_reference=ref.cross_entropy_torch,
     cases=cross_entropy_cases,

@@ -23,10 +23,14 @@ from tritoncheck.properties import norms_tolerance as rules
 from tritoncheck.references import norms as ref
 
 from tritoncheck import backend, parity, tolerance
+from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import generic_checks, gradients_match_reference, precision, run
+from tritoncheck.large_problem import LargeProblem, rows_past_int32
+from tritoncheck.large_problem import randn as large_randn
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
+from tritoncheck.parity import control_baseline
 from tritoncheck.registry import Check, Implementation, OpSpec, register
 from tritoncheck.stats import COINCIDENCE, FALSE_ALARM
 from tritoncheck.stats import binomial_tail_bound as _binomial_tail_bound
@@ -421,6 +425,26 @@ def seed_reproducible(case: Case, impl: Implementation) -> None:
             seen[key] = i
 
 
+
+def _large_layer_norm(n: int, residual: bool):
+    def build(dtype, device):
+        m = rows_past_int32(n)
+        out = {"x": large_randn((m, n), dtype, device), "weight": large_randn((n,), dtype, device),
+               "bias": large_randn((n,), dtype, device)}
+        if residual:
+            out["residual"] = large_randn((m, n), dtype, device)
+        return out
+    return build
+
+
+def _dropout_residual_layer_norm_baseline(case, values, outs):
+    """Plain PyTorch in the input dtype, given the implementation's own keep mask."""
+    x, keep, p = values["x"], outs["keep"], values["p"]
+    h = torch.where(keep, x / (1 - p), torch.zeros((), dtype=x.dtype, device=x.device)) + values["residual"]
+    y = torch.nn.functional.layer_norm(h, (x.shape[-1],), values["weight"], values["bias"], values.get("eps", 1e-5))
+    return y, keep
+
+
 register(OpSpec(
     name="layer_norm",
     signature="layer_norm(x, weight, bias, eps=1e-5) -> y",
@@ -431,6 +455,18 @@ register(OpSpec(
     arguments=("x", "weight", "bias", "eps"),
     outputs=("y",),
     kernel="tritoncheck.kernels.norms:layer_norm",
+    controls=("tritoncheck.controls.norms:torch_layer_norm",),
+    baseline=control_baseline("tritoncheck.controls.norms:torch_layer_norm"),
+    large_problem=LargeProblem(_large_layer_norm(4099, residual=False), "rows", ("x",),
+                               whole_sum_grads=("weight", "bias")),
+    bad_input=BadInput(
+        lambda dims, device: {"x": randn((dims["b"], dims["n"]), device), "weight": randn((dims["n"],), device),
+                              "bias": randn((dims["n"],), device), "eps": 1e-5},
+        tensor_spoilers("x", fixed_rank=False) + tensor_spoilers("weight", fixed_rank=True)
+        + tensor_spoilers("bias", fixed_rank=True)
+        + (Spoiler("weight", "one element more than x's last dim", lambda a: widen_last(a["weight"])),
+           Spoiler("bias", "one element more than x's last dim", lambda a: widen_last(a["bias"])))
+        + scalar_spoilers("eps", (-1e-5, math.nan, math.inf, "small"))),
     reference=ref.layer_norm,
     torch_reference=ref.layer_norm_torch,
     cases=layer_norm_cases,
@@ -440,7 +476,7 @@ register(OpSpec(
     grad_outputs=("y",),
     output_shapes=lambda case: {"y": case.tensors["x"].shape},
     checks=tuple(c if c.name != "gradients_match_reference" else Check(
-        c.name, gradients_in_range_match_reference, cases=c.cases, needs_backward=True, requires=c.requires)
+        c.name, gradients_in_range_match_reference, cases=c.cases, requires=c.requires)
         for c in generic_checks(grad=True)) + (
         Check("normalised_moments", normalised_moments),
         Check("constant_row_gives_bias", constant_row_gives_bias),
@@ -458,6 +494,20 @@ register(OpSpec(
     arguments=("x", "residual", "weight", "bias", "p", "seed", "eps"),
     outputs=("y", "keep"),
     kernel="tritoncheck.kernels.norms:dropout_residual_layer_norm",
+    controls=("tritoncheck.controls.norms:torch_dropout_residual_layer_norm",),
+    baseline=_dropout_residual_layer_norm_baseline,
+    large_problem=LargeProblem(_large_layer_norm(4099, residual=True), "rows", ("x", "residual"),
+                               params={"p": 0.0, "seed": 0}),
+    bad_input=BadInput(
+        lambda dims, device: {"x": randn((dims["b"], dims["n"]), device),
+                              "residual": randn((dims["b"], dims["n"]), device), "weight": randn((dims["n"],), device),
+                              "bias": randn((dims["n"],), device), "p": 0.25, "seed": 7, "eps": 1e-5},
+        tensor_spoilers("x", fixed_rank=False) + tensor_spoilers("residual", fixed_rank=False)
+        + tensor_spoilers("weight", fixed_rank=True)
+        + (Spoiler("residual", "a longer last dim than x", lambda a: widen_last(a["residual"])),
+           Spoiler("bias", "one element more than x's last dim", lambda a: widen_last(a["bias"])))
+        + scalar_spoilers("p", (-0.1, 1.0, 1.5, math.nan, "half")) + scalar_spoilers("seed", (1.5, "seven", None))
+        + scalar_spoilers("eps", (-1e-5, math.nan))),
     reference=dropout_reference,
     torch_reference=dropout_reference_torch,
     cases=dropout_residual_layer_norm_cases,

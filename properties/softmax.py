@@ -11,10 +11,13 @@ from tritoncheck.properties import softmax_tolerance as rules
 from tritoncheck.references import softmax as ref
 
 from tritoncheck import backend
+from tritoncheck.bad_input import NON_POSITIVE, BadInput, randn, scalar_spoilers, tensor_spoilers
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import generic_checks, precision, run
+from tritoncheck.large_problem import LargeProblem, row_wise
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
+from tritoncheck.parity import control_baseline
 from tritoncheck.registry import Check, Implementation, OpSpec, register
 from tritoncheck.strategies import FAMILIES, Case, TensorSpec, sizes, special_values, tensors
 
@@ -217,6 +220,13 @@ register(OpSpec(
     arguments=("x", "temperature"),
     outputs=("y",),
     kernel="tritoncheck.kernels.softmax:softmax",
+    controls=("tritoncheck.controls.softmax:torch_softmax", "tritoncheck.controls.softmax:torch_softmax_fp32"),
+    baseline=control_baseline("tritoncheck.controls.softmax:torch_softmax"),
+    # rows past every common block size keep the multi-block path in play
+    large_problem=LargeProblem(row_wise(2**17 + 3), "rows", ("x",)),
+    bad_input=BadInput(
+        lambda dims, device: {"x": randn((dims["b"], dims["n"]), device), "temperature": 0.7},
+        tensor_spoilers("x", fixed_rank=False) + scalar_spoilers("temperature", (*NON_POSITIVE, "hot"))),
     reference=ref.softmax,
     torch_reference=ref.softmax_torch,
     cases=softmax_cases,

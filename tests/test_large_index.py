@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tritoncheck import backend, registry
-from tritoncheck.large_index import DEFAULT_PARAMS, PROBLEMS, bytes_needed, check, verdict_of
+from tritoncheck.large_index import bytes_needed, check, values_of, verdict_of
 
 pytestmark = pytest.mark.large
 DTYPE_PREFERENCE = (torch.bfloat16, torch.float16, torch.float32)
@@ -42,24 +42,25 @@ def _one_at_a_time():
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def test_every_op_has_a_large_problem():
-    assert set(PROBLEMS) == set(registry.load())
-
-
-def test_every_scalar_argument_has_a_value():
-    """The check calls each op with every argument of its signature: a scalar added to an
-    op (attention's dropout_p, seed, return_keep) needs its plain value here, or the GPU
-    run fails with a KeyError (it did, on an H100, after dropout landed)."""
-    ops = registry.load()
-    for op in PROBLEMS:
-        missing = set(ops[op].scalars) - set(DEFAULT_PARAMS.get(op, {}))
-        assert not missing, f"tritoncheck/large_index.py DEFAULT_PARAMS[{op!r}] lacks {sorted(missing)}"
+@pytest.mark.parametrize("op", sorted(registry.load()))
+def test_every_op_builds_every_argument_past_int32(op):
+    """The check calls each op with every argument of its signature: what the record's
+    large_problem builds (on the meta device here: shapes without memory), the rest at the
+    reference's defaults. A scalar added to an op without a default there needs its value in
+    the problem's params, or the GPU run fails with a KeyError (it did, on an H100, when
+    attention's dropout_p was copied into a side table and forgotten)."""
+    spec = registry.OPS[op]
+    assert spec.large_problem is not None, f"{op}'s record declares no large_problem"
+    values = values_of(op, torch.bfloat16, torch.device("meta"))
+    assert set(spec.arguments) <= set(values), f"{op}: no value for {sorted(set(spec.arguments) - set(values))}"
+    first = values[spec.large_problem.sliced[0]]
+    assert first.numel() > 2**31, f"{op}: {first.numel()} elements do not pass 2**31"
 
 
 def _targets():
     registry.load()
     out = []
-    for op in sorted(PROBLEMS):
+    for op in sorted(registry.OPS):
         for impl in registry.implementations(op):
             dtype = next((d for d in DTYPE_PREFERENCE if not impl.unsupported(d)), None)
             if dtype is not None:
@@ -96,7 +97,7 @@ def test_an_int32_row_offset_is_caught():
 def test_the_slicing_and_comparison_work_at_a_small_size(op, monkeypatch):
     """The machinery of the check, on every backend: a few thousand elements instead of
     2**31, the project's kernel, slices compared with their fp64 reference."""
-    import tritoncheck.large_index as large
+    import tritoncheck.large_problem as large
     monkeypatch.setattr(large, "PAST_INT32", 3000)
     kernel = registry.Implementation.of(op, registry.resolve(registry.OPS[op].kernel), kind="kernel")
     assert check(op, kernel, torch.float16, backend.device()) >= 1

@@ -50,12 +50,12 @@ def test_ratio():
 
 def test_every_op_has_a_baseline_and_it_runs_in_the_input_dtype():
     ops = registry.load()
-    assert set(parity.BASELINES) == set(ops)
+    assert all(spec.baseline is not None for spec in ops.values())
     op = ops["softmax"]
     case = Case("softmax", "float16", ("x", "temperature"), {"x": TensorSpec((2, 5), "float16", "normal", 1.0, 0)},
                 {"temperature": 0.3})
     values = case.materialise("cpu")
-    outs = op.unpack(parity.BASELINES["softmax"](case, values, {}))
+    outs = op.unpack(op.baseline(case, values, {}))
     assert outs["y"].dtype == torch.float16
     expected, _ = op.expected(case, values)
     err = parity.baseline_errors("softmax", torch.float16, case, values, outs, expected)

@@ -236,12 +236,11 @@ def generic_checks(grad: bool) -> tuple[Check, ...]:
     """The checks every op gets; ``grad`` adds the gradient comparison."""
     checks = [Check("matches_reference", matches_reference)]
     if grad:
-        checks.append(Check("gradients_match_reference", gradients_match_reference, cases=with_upstream,
-                            needs_backward=True, requires=_needs_backward))
+        checks.append(Check("gradients_match_reference", gradients_match_reference, cases=with_upstream, requires=_needs_backward))
     checks.append(Check("inputs_unchanged", inputs_unchanged))
     checks.append(Check("deterministic", deterministic, cases=with_upstream if grad else None))
     if grad:
-        checks.append(Check("backward_repeatable", backward_repeatable, cases=with_upstream, needs_backward=True,
+        checks.append(Check("backward_repeatable", backward_repeatable, cases=with_upstream,
                             requires=_needs_backward))
     return tuple(checks)
 

@@ -17,128 +17,37 @@ their kernels run on the whole input here, but only dx is compared.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from tritoncheck import generic
+from tritoncheck.large_problem import PAST_INT32, LargeProblem, randn
 from tritoncheck.oracle import assert_close, to_numpy
 from tritoncheck.registry import OPS, Implementation
 from tritoncheck.strategies import Case, TensorSpec
 
-PAST_INT32 = 2**31 + 2**20  # elements: past the int32 range with room to spare
 SAMPLE = 6  # slices compared besides the ones at the ends and at the 2**31 boundary
 
 
-@dataclass(frozen=True)
-class LargeProblem:
-    """How to build one op's input past 2**31 elements and cut it into slices.
-
-    ``split`` is ``"rows"`` (the first dim of the tensors named in ``sliced``) or
-    ``"heads"`` (the first two dims, [B, H, ...], of those tensors); every other
-    argument is passed whole to each slice."""
-
-    op: str
-    build: Callable[[torch.dtype, torch.device], dict[str, Any]]
-    split: str
-    sliced: tuple[str, ...]
-    whole_sum_grads: tuple[str, ...] = ()  # gradients that sum over every slice: run, not compared
-
-    def __post_init__(self):
-        if self.split not in ("rows", "heads"):
-            raise ValueError(f"LargeProblem {self.op!r}: split must be 'rows' or 'heads', got {self.split!r}")
+def _problem(op: str) -> LargeProblem:
+    problem = OPS[op].large_problem
+    if problem is None:
+        raise ValueError(f"{op}'s record declares no large_problem")
+    return problem
 
 
-def _randn(shape, dtype, device, positive=False):
-    t = torch.randn(shape, device=device, dtype=torch.float32)
-    return (t.abs() if positive else t).to(dtype)
-
-
-def _rows_past_int32(n: int) -> int:
-    return PAST_INT32 // n + 1
-
-
-def _row_wise(n: int):
-    return lambda dtype, device: {"x": _randn((_rows_past_int32(n), n), dtype, device)}
-
-
-def _heads(n: int, d: int, positive=False, v_dim=None):
-    bh = _rows_past_int32(n * d)
-    heads = 16
-    batch = math.ceil(bh / heads)
-
-    def build(dtype, device):
-        out = {"q": _randn((batch, heads, n, d), dtype, device, positive),
-               "k": _randn((batch, heads, n, d), dtype, device, positive),
-               "v": _randn((batch, heads, n, v_dim or d), dtype, device)}
-        return out
-    return build
-
-
-def _layer_norm(n: int, residual: bool):
-    def build(dtype, device):
-        m = _rows_past_int32(n)
-        out = {"x": _randn((m, n), dtype, device), "weight": _randn((n,), dtype, device),
-               "bias": _randn((n,), dtype, device)}
-        if residual:
-            out["residual"] = _randn((m, n), dtype, device)
-        return out
-    return build
-
-
-def _cross_entropy(v: int):
-    def build(dtype, device):
-        m = _rows_past_int32(v)
-        return {"logits": _randn((m, v), dtype, device), "target": torch.randint(0, v, (m,), device=device)}
-    return build
-
-
-def _rope(s: int, d: int):
-    def build(dtype, device):
-        heads = 16
-        batch = math.ceil(_rows_past_int32(s * d) / heads)
-        theta = torch.rand((s, d // 2), device=device) * 6.2831853
-        return {"x": _randn((batch, heads, s, d), dtype, device), "cos": theta.cos().to(dtype),
-                "sin": theta.sin().to(dtype)}
-    return build
-
-
-def _swiglu(n: int):
-    def build(dtype, device):
-        m = _rows_past_int32(n)
-        return {"gate": _randn((m, n), dtype, device), "up": _randn((m, n), dtype, device)}
-    return build
-
-
-# Row lengths past every common block size (2**17 + 3 for softmax) keep the multi-block
-# paths in play; vocabularies as models use them (Llama 3: 128256).
-PROBLEMS: dict[str, LargeProblem] = {p.op: p for p in (
-    LargeProblem("softmax", _row_wise(2**17 + 3), "rows", ("x",)),
-    LargeProblem("layer_norm", _layer_norm(4099, residual=False), "rows", ("x",), whole_sum_grads=("weight", "bias")),
-    LargeProblem("dropout_residual_layer_norm", _layer_norm(4099, residual=True), "rows", ("x", "residual")),
-    LargeProblem("attention", _heads(2048, 128), "heads", ("q", "k", "v")),
-    LargeProblem("linear_attention", _heads(4096, 64, positive=True, v_dim=64), "heads", ("q", "k", "v")),
-    LargeProblem("elu_feature_map", _row_wise(8191), "rows", ("x",)),
-    LargeProblem("cross_entropy", _cross_entropy(128256), "rows", ("logits", "target")),
-    LargeProblem("rope", _rope(4096, 128), "heads", ("x",)),
-    LargeProblem("swiglu", _swiglu(11008), "rows", ("gate", "up")),
-)}
-
-DEFAULT_PARAMS = {"softmax": {"temperature": 1.0}, "layer_norm": {"eps": 1e-5},
-                  "dropout_residual_layer_norm": {"p": 0.0, "seed": 0, "eps": 1e-5},
-                  "attention": {"causal": False, "sm_scale": None, "window": (-1, -1), "alibi_slopes": None,
-                                "softcap": 0.0, "dropout_p": 0.0, "seed": 0, "return_keep": False},
-                  "linear_attention": {"causal": False, "eps": 1e-6},
-                  "cross_entropy": {"ignore_index": -100}}
+def values_of(op: str, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    """Every argument of the op's large problem: what it builds, the rest at the fp64
+    reference's defaults."""
+    return {**OPS[op].reference_defaults(), **_problem(op).values(dtype, device)}
 
 
 def bytes_needed(op: str, dtype: torch.dtype) -> int:
     """A generous estimate of the device memory one run needs: inputs, outputs, upstream
     gradients and gradients, each about PAST_INT32 elements."""
-    spec, problem = OPS[op], PROBLEMS[op]
+    spec, problem = OPS[op], _problem(op)
     tensors = len(problem.sliced) + len(spec.outputs) + 2 * len(spec.grad_inputs)
     return tensors * PAST_INT32 * torch.tensor([], dtype=dtype).element_size() + 2**30
 
@@ -171,16 +80,16 @@ def check(op: str, impl: Implementation, dtype: torch.dtype, device: torch.devic
     """Run ``impl`` on the op's input past 2**31 elements and compare the sampled slices
     (outputs, and gradients where the op has them) with the fp64 reference; raises
     AssertionError on the first slice that is off. Returns the number of slices compared."""
-    spec, problem = OPS[op], PROBLEMS[op]
+    spec, problem = OPS[op], _problem(op)
     torch.manual_seed(seed)
-    values = {**problem.build(dtype, device), **DEFAULT_PARAMS.get(op, {})}
+    values = values_of(op, dtype, device)
     grads_wanted = bool(spec.grad_inputs) and impl.supports_backward
     for name in spec.grad_inputs if grads_wanted else ():
         values[name] = values[name].detach().requires_grad_(True)
     outs = spec.unpack(impl.fn(*(values[a] for a in spec.arguments)))
     grads = {}
     if grads_wanted:
-        dys = {n: _randn(outs[n].shape, outs[n].dtype, device) for n in spec.grad_outputs}
+        dys = {n: randn(outs[n].shape, outs[n].dtype, device) for n in spec.grad_outputs}
         got = torch.autograd.grad([outs[n] for n in spec.grad_outputs], [values[a] for a in spec.grad_inputs],
                                   [dys[n] for n in spec.grad_outputs])
         grads = dict(zip(spec.grad_inputs, got))

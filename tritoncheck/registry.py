@@ -3,8 +3,8 @@
 An :class:`OpSpec` pairs everything the suite knows about an op: the contract
 signature, the fp64 references, the input strategy, the tolerance rule, the checks
 that apply and which inputs have gradients. Tests are parametrised from it, so a
-new op is one ``properties/<family>.py`` that calls :func:`register`, and no test
-file learns its name.
+new op is one ``properties/<family>.py`` that calls :func:`register` (found by
+:func:`load`, not listed), and no engine module or test file learns its name.
 
 An :class:`Implementation` is a function that follows the contract: the project's
 kernel by default, or whatever a user names with ``--impl OP=module:function`` or
@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import inspect
+import pkgutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,13 +27,13 @@ import torch
 from hypothesis import strategies as st
 
 from tritoncheck import declarations
+from tritoncheck.bad_input import BadInput
 from tritoncheck.declarations import ExpectedFailure
+from tritoncheck.large_problem import LargeProblem
 from tritoncheck.limits import Limits
 from tritoncheck.strategies import FLOAT_DTYPES, Case
 
-# Each family module registers its ops on import; docs/contract.md is generated from
-# what they register.
-FAMILIES = ("softmax", "attention", "norms", "linear_attention", "losses", "elementwise")
+_loaded: list[bool] = []  # load() imports the family modules once
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,6 @@ class Check:
     name: str
     run: Callable[[Case, "Implementation"], None]
     cases: Callable[["OpSpec", torch.dtype], st.SearchStrategy[Case]] | None = None
-    needs_backward: bool = False
     requires: Callable[["Implementation"], str | None] | None = None
     false_alarm: float | None = None
 
@@ -87,6 +87,13 @@ class OpSpec:
     arguments that are not tensors; ``dims`` names the sizes a kernel may declare limits
     on, each as (tensor argument, axis); ``choices`` the scalar arguments whose values the
     strategy draws from a set, with that set (a kernel may narrow it).
+
+    What the self-test and the side checks need of the op is on the record too:
+    ``controls`` (correct plain-PyTorch implementations, ``module:function``, that must pass
+    every check), ``baseline`` (the same computation in plain PyTorch in the input dtype,
+    ``(case, values, outs) -> outputs``, for ``--tolerance parity``), ``large_problem`` (its
+    input past 2**31 elements) and ``bad_input`` (invalid calls its wrapper must refuse).
+    tests/test_registry.py fails for an op that lacks any of them.
     """
 
     name: str
@@ -109,6 +116,10 @@ class OpSpec:
     scalars: tuple[str, ...] = ()
     dims: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     choices: Mapping[str, tuple] = field(default_factory=dict)
+    controls: tuple[str, ...] = ()
+    baseline: Callable[[Case, Mapping[str, Any], Mapping[str, torch.Tensor]], Any] | None = None
+    large_problem: LargeProblem | None = None
+    bad_input: BadInput | None = None
 
     def __post_init__(self):
         if not self.name.isidentifier():
@@ -136,6 +147,35 @@ class OpSpec:
                 raise ValueError(f"OpSpec {self.name!r}: grad_inputs {sorted(missing)} are not arguments")
         if not set(self.grad_outputs) <= set(self.outputs):
             raise ValueError(f"OpSpec {self.name!r}: grad_outputs must be among outputs {self.outputs}")
+        bad = [c for c in self.controls if not isinstance(c, str) or ":" not in c]
+        if bad:
+            raise ValueError(f"OpSpec {self.name!r}: controls must be 'module:function' strings, got {bad}")
+        if self.baseline is not None and not callable(self.baseline):
+            raise TypeError(f"OpSpec {self.name!r}: baseline must be callable")
+        self._check_large_problem()
+        if self.bad_input is not None:
+            unknown = {s.argument for s in self.bad_input.spoilers} - set(self.arguments)
+            if unknown:
+                raise ValueError(f"OpSpec {self.name!r}: bad_input spoils {sorted(unknown)}, not arguments")
+
+    def _check_large_problem(self) -> None:
+        problem = self.large_problem
+        if problem is None:
+            return
+        if not set(problem.sliced) <= set(self.tensor_arguments):
+            raise ValueError(f"OpSpec {self.name!r}: large_problem slices {problem.sliced}, not all tensor arguments")
+        if not set(problem.whole_sum_grads) <= set(self.grad_inputs):
+            raise ValueError(f"OpSpec {self.name!r}: large_problem's whole_sum_grads must be among grad_inputs")
+        missing = set(self.scalars) - set(self.reference_defaults()) - set(problem.params or {})
+        if missing:
+            raise ValueError(f"OpSpec {self.name!r}: large_problem needs params for {sorted(missing)} (no default "
+                             "in the reference's signature)")
+
+    def reference_defaults(self) -> dict[str, Any]:
+        """The arguments' defaults (``alibi_slopes=None`` too), read from the fp64 reference's signature."""
+        params = inspect.signature(self.reference).parameters
+        return {a: params[a].default for a in self.arguments
+                if a in params and params[a].default is not inspect.Parameter.empty}
 
     @property
     def tensor_arguments(self) -> tuple[str, ...]:
@@ -241,16 +281,18 @@ def register(spec: OpSpec) -> OpSpec:
     return spec
 
 
+def modules_of(package: str) -> tuple[str, ...]:
+    """The modules of one of the suite's packages, by name: the op families are found, not listed."""
+    found = importlib.import_module(package)
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(found.__path__)))
+
+
 def load() -> dict[str, OpSpec]:
-    """Import every family module (which registers its ops)."""
-    for family in FAMILIES:
-        try:
-            importlib.import_module(f"tritoncheck.properties.{family}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"tritoncheck.properties.{family}":
-                raise
-            # A family not written yet; tests/test_registry.py fails until every
-            # contract op is registered, so this cannot hide a missing op on main.
+    """Import every module of ``tritoncheck.properties`` (the family modules register their ops)."""
+    if not _loaded:
+        for name in modules_of("tritoncheck.properties"):
+            importlib.import_module(f"tritoncheck.properties.{name}")
+        _loaded.append(True)
     return OPS
 
 

@@ -1,7 +1,7 @@
 """The suite checked against itself: planted bugs must die, correct code must live.
 
 A mutant (``mutants/``) is killed when a check it claims in ``kills`` fails on it
-for some dtype within the hunt's example budget. A control (``CONTROLS``: correct
+for some dtype within the hunt's example budget. A control (an op record's ``controls``: correct
 plain-PyTorch implementations in the input dtype) must pass every check in every
 dtype; a control that fails means a tolerance is too tight or a property is wrong.
 """
@@ -20,20 +20,6 @@ from tritoncheck import backend, registry
 from tritoncheck.oracle import InvalidAllowance
 from tritoncheck.poisoning import poisoned_allocations_for
 from tritoncheck.registry import Check, Implementation, OpSpec
-
-# Correct implementations per op, as a user would write them.
-CONTROLS: dict[str, tuple[str, ...]] = {
-    "softmax": ("tritoncheck.controls.softmax:torch_softmax", "tritoncheck.controls.softmax:torch_softmax_fp32"),
-    "attention": ("tritoncheck.controls.attention:sdpa", "tritoncheck.controls.attention:naive_torch"),
-    "layer_norm": ("tritoncheck.controls.norms:torch_layer_norm",),
-    "dropout_residual_layer_norm": ("tritoncheck.controls.norms:torch_dropout_residual_layer_norm",),
-    "cross_entropy": ("tritoncheck.controls.losses:torch_cross_entropy", "tritoncheck.controls.losses:stored_gradient_cross_entropy",
-                      "tritoncheck.controls.losses:torch_cross_entropy_input_dtype"),
-    "rope": ("tritoncheck.controls.elementwise:torch_rope",),
-    "swiglu": ("tritoncheck.controls.elementwise:torch_swiglu",),
-    "elu_feature_map": ("tritoncheck.controls.linear_attention:torch_elu_feature_map",),
-    "linear_attention": ("tritoncheck.controls.linear_attention:torch_linear_attention",),
-}
 
 # A mutant must die within this many examples (per dtype tried). With 60, a reseeded stream
 # let layer_norm.one_pass_variance survive in every dtype (the offset rows it needs came up
@@ -57,23 +43,23 @@ class Verdict:
 
 
 def mutants() -> list:
-    """Every Mutant object defined in mutants/<family>.py, for the registered ops."""
+    """Every Mutant object defined in mutants/<family>.py, for the registered ops; a family
+    mirrors properties/<family>.py (mutants/offsets.py and memory.py are killed by the
+    large-index check and compute-sanitizer, outside the registry's checks)."""
     from tritoncheck.mutation import Mutant
     ops = registry.load()
     found = []
-    for family in registry.FAMILIES:
-        try:
-            module = importlib.import_module(f"tritoncheck.mutants.{family}")
-        except ModuleNotFoundError:
-            continue
+    families = set(registry.modules_of("tritoncheck.properties")) & set(registry.modules_of("tritoncheck.mutants"))
+    for family in sorted(families):
+        module = importlib.import_module(f"tritoncheck.mutants.{family}")
         found.extend(v for v in vars(module).values() if isinstance(v, Mutant) and v.op in ops)
     return sorted(found, key=lambda m: (m.op, m.name))
 
 
 def controls() -> list[Implementation]:
-    ops = registry.load()
+    """Every op record's controls: correct implementations, as a user would write them."""
     return [Implementation.of(op, registry.resolve(t), name=t.rpartition(":")[2], kind="control", target=t)
-            for op, targets in CONTROLS.items() if op in ops for t in targets]
+            for op, spec in registry.load().items() for t in spec.controls]
 
 
 def as_implementation(m) -> Implementation:

@@ -1,0 +1,68 @@
+"""An op's input past 2**31 elements, as its record declares it (``OpSpec.large_problem``).
+
+``tritoncheck/large_index.py`` runs it; this module holds the declaration and the builders
+that several families share, so that a family module can declare its problem without
+importing the check (which imports the registry).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+
+PAST_INT32 = 2**31 + 2**20  # elements: past the int32 range with room to spare
+
+
+@dataclass(frozen=True)
+class LargeProblem:
+    """How to build one op's input past 2**31 elements and cut it into slices.
+
+    ``build(dtype, device)`` returns every tensor argument (and any scalar whose reference
+    signature has no default: ``params``); the other scalars take the defaults of the op's
+    fp64 reference. ``split`` is ``"rows"`` (the first dim of the tensors named in
+    ``sliced``) or ``"heads"`` (the first two dims, [B, H, ...], of those tensors); every
+    other argument is passed whole to each slice."""
+
+    build: Callable[[torch.dtype, torch.device], dict[str, Any]]
+    split: str
+    sliced: tuple[str, ...]
+    whole_sum_grads: tuple[str, ...] = ()  # gradients that sum over every slice: run, not compared
+    params: Mapping[str, Any] | None = None  # scalars without a default in the reference's signature
+
+    def __post_init__(self):
+        if self.split not in ("rows", "heads"):
+            raise ValueError(f"LargeProblem: split must be 'rows' or 'heads', got {self.split!r}")
+        if not self.sliced:
+            raise ValueError("LargeProblem: sliced must name at least one tensor argument")
+
+    def values(self, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+        return {**(self.params or {}), **self.build(dtype, device)}
+
+
+def randn(shape, dtype, device, positive=False) -> torch.Tensor:
+    t = torch.randn(shape, device=device, dtype=torch.float32)
+    return (t.abs() if positive else t).to(dtype)
+
+
+def rows_past_int32(n: int) -> int:
+    """Rows of ``n`` elements that together pass 2**31."""
+    return PAST_INT32 // n + 1
+
+
+def row_wise(n: int, *names: str) -> Callable:
+    """Tensors ``names`` (default ``x``) of rows of ``n`` elements, past 2**31 each."""
+    names = names or ("x",)
+    return lambda dtype, device: {name: randn((rows_past_int32(n), n), dtype, device) for name in names}
+
+
+def heads(n: int, d: int, positive=False, v_dim=None) -> Callable:
+    """q, k, v of [B, 16, n, d] (v: [B, 16, n, v_dim]) past 2**31 elements each."""
+    batch = math.ceil(rows_past_int32(n * d) / 16)
+
+    def build(dtype, device):
+        return {"q": randn((batch, 16, n, d), dtype, device, positive),
+                "k": randn((batch, 16, n, d), dtype, device, positive),
+                "v": randn((batch, 16, n, v_dim or d), dtype, device)}
+    return build
