@@ -42,6 +42,7 @@ def main() -> int:
               "none found, nothing timed.", file=sys.stderr)
         return 2
     import triton.testing
+
     from tritoncheck.controls.linear_attention import torch_linear_attention
     from tritoncheck.kernels.linear_attention import linear_attention
 

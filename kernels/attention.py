@@ -116,6 +116,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+
 from tritoncheck.kernels.specialisation import unspecialised_jit
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)

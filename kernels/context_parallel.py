@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
 from tritoncheck.kernels.attention import attention as _block_attention
 
 ALL, DIAGONAL, NONE = "all", "diagonal", "none"

@@ -50,6 +50,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+
 from tritoncheck.kernels.specialisation import unspecialised_jit
 
 __all__ = ["rope", "swiglu"]

@@ -72,6 +72,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+
 from tritoncheck.kernels.specialisation import unspecialised_jit
 
 __all__ = ["layer_norm", "dropout_residual_layer_norm"]

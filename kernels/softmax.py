@@ -20,6 +20,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+
 from tritoncheck.kernels.specialisation import unspecialised_jit
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

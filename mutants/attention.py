@@ -10,7 +10,6 @@ the checks that look related do not.
 from __future__ import annotations
 
 import tritoncheck.kernels.attention as _kernel
-
 from tritoncheck.mutation import mutant
 
 # Keys past Nk in the last block are loaded as k = 0, v = 0 and scored 0 instead of

@@ -10,7 +10,6 @@ the mutants below are ones that 2 ranks expose.
 from __future__ import annotations
 
 import tritoncheck.kernels.context_parallel as _ring
-
 from tritoncheck.mutation import mutant
 
 # The schedule is one step ahead of the data: at step t the rank holds the chunk of rank

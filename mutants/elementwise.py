@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from tritoncheck.kernels import elementwise as _kernel
-
 from tritoncheck.mutation import mutant
 
 __all__ = [

@@ -7,7 +7,6 @@ that lives at chunk boundaries needs N larger than the chunk in use.
 from __future__ import annotations
 
 from tritoncheck.kernels import linear_attention as _k
-
 from tritoncheck.mutation import mutant
 
 # ------------------------------------------------------------ linear_attention

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from tritoncheck.kernels import losses as _kernel
-
 from tritoncheck.mutation import mutant
 
 __all__ = ["padded_logits_zero", "ignore_index_not_zeroed", "no_max_subtraction", "grad_missing_onehot"]

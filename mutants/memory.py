@@ -9,7 +9,6 @@ This module is not a family module, so the self-test does not hunt it.
 from __future__ import annotations
 
 from tritoncheck.kernels import elementwise as _kernel
-
 from tritoncheck.mutation import mutant
 
 __all__ = ["store_past_the_end"]

@@ -8,7 +8,6 @@ groups under the interpreter and 256 on a GPU).
 from __future__ import annotations
 
 from tritoncheck.kernels import norms as _k
-
 from tritoncheck.mutation import mutant
 
 # ----------------------------------------------------------------- layer_norm

@@ -4,7 +4,6 @@ This module is not a family module, so the self-test does not hunt it."""
 from __future__ import annotations
 
 from tritoncheck.kernels import losses as _kernel
-
 from tritoncheck.mutation import mutant
 
 __all__ = ["row_offset_int32"]

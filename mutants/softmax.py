@@ -1,6 +1,5 @@
 """Planted bugs in kernels/softmax.py (see tritoncheck/mutation.py for how they are made)."""
 from tritoncheck.kernels import softmax as kernel
-
 from tritoncheck.mutation import mutant
 
 padded_lanes_zero = mutant(

@@ -44,9 +44,6 @@ import numpy as np
 import torch
 from hypothesis import assume
 from hypothesis import strategies as st
-from tritoncheck.properties import attention_dropout as _dropout
-from tritoncheck.properties import attention_tolerance as rules
-from tritoncheck.references import attention as ref
 
 from tritoncheck import backend, tolerance
 from tritoncheck.bad_input import OTHER_DEVICE, BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
@@ -56,6 +53,9 @@ from tritoncheck.generic import gradients_match_reference as _generic_gradients_
 from tritoncheck.large_problem import LargeProblem, heads
 from tritoncheck.limits import NO_LIMITS, Limits, OutsideLimits
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
+from tritoncheck.properties import attention_dropout as _dropout
+from tritoncheck.properties import attention_tolerance as rules
+from tritoncheck.references import attention as ref
 from tritoncheck.registry import OPS, Check, Implementation, OpSpec, register
 from tritoncheck.strategies import LONG_FROM, Case, Layout, TensorSpec, layouts, special_values, tensors
 

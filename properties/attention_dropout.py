@@ -52,14 +52,14 @@ import math
 
 import numpy as np
 import torch
-from tritoncheck.properties import attention_tolerance as rules
-from tritoncheck.references import attention as ref
 
 from tritoncheck import backend
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import precision, require_grad_fn, run, with_upstream
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
 from tritoncheck.phases import timed
+from tritoncheck.properties import attention_tolerance as rules
+from tritoncheck.references import attention as ref
 from tritoncheck.registry import OPS, Check, Implementation
 from tritoncheck.stats import COINCIDENCE, FALSE_ALARM, agreement, binomial_tail_bound
 from tritoncheck.strategies import Case

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from tritoncheck.references.attention import alibi_bias_torch as _alibi_bias
-from tritoncheck.references.attention import visible_pairs_torch
 
 from tritoncheck import backend
 from tritoncheck.oracle import to_numpy
+from tritoncheck.references.attention import alibi_bias_torch as _alibi_bias
+from tritoncheck.references.attention import visible_pairs_torch
 from tritoncheck.tolerance import (
     DOT_READ_FLOOR,
     EXP_ULPS,

@@ -40,12 +40,12 @@ import numpy as np
 import torch
 from hypothesis import HealthCheck, Phase, assume, given, seed, settings
 from hypothesis import strategies as st
-from tritoncheck.properties import attention_tolerance as rules
-from tritoncheck.properties.attention import NO_WINDOW, attention_cases
-from tritoncheck.references import attention as ref
 
 from tritoncheck import backend, rank_pool, registry, tolerance
 from tritoncheck.oracle import assert_close, assert_identical, recording
+from tritoncheck.properties import attention_tolerance as rules
+from tritoncheck.properties.attention import NO_WINDOW, attention_cases
+from tritoncheck.references import attention as ref
 from tritoncheck.strategies import FLOAT_DTYPES, Case
 from tritoncheck.tolerance import EXP_ULPS, SAFETY, U32, Precision
 

@@ -7,8 +7,6 @@ import math
 import numpy as np
 import torch
 from hypothesis import strategies as st
-from tritoncheck.properties import elementwise_tolerance as rules
-from tritoncheck.references import elementwise as ref
 
 from tritoncheck.bad_input import BadInput, Spoiler, randn, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
@@ -18,6 +16,8 @@ from tritoncheck.large_problem import randn as large_randn
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.oracle import assert_close, to_numpy
 from tritoncheck.parity import control_baseline
+from tritoncheck.properties import elementwise_tolerance as rules
+from tritoncheck.references import elementwise as ref
 from tritoncheck.registry import Check, Implementation, OpSpec, register
 from tritoncheck.strategies import Case, Layout, TensorSpec, layouts, sizes, special_values, tensors
 

@@ -34,8 +34,6 @@ import numpy as np
 import torch
 from hypothesis import assume
 from hypothesis import strategies as st
-from tritoncheck.properties import linear_attention_tolerance as rules
-from tritoncheck.references import linear_attention as ref
 
 from tritoncheck import backend, generic, parity, tolerance
 from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
@@ -45,6 +43,8 @@ from tritoncheck.large_problem import LargeProblem, heads, row_wise
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
 from tritoncheck.parity import control_baseline
+from tritoncheck.properties import linear_attention_tolerance as rules
+from tritoncheck.references import linear_attention as ref
 from tritoncheck.registry import OPS, Check, Implementation, OpSpec, register
 from tritoncheck.strategies import FAMILIES, Case, Layout, TensorSpec, layouts, sizes, special_values, tensors
 

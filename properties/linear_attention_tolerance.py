@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from tritoncheck.references.linear_attention import causal_state_reads
 
+from tritoncheck.references.linear_attention import causal_state_reads
 from tritoncheck.tolerance import DOT_READ_FLOOR, EXP_ULPS, SAFETY, Precision, float64_on, sum_error, unit_roundoff
 
 

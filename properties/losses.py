@@ -5,8 +5,6 @@ import numpy as np
 import torch
 from hypothesis import assume
 from hypothesis import strategies as st
-from tritoncheck.properties import losses_tolerance as rules
-from tritoncheck.references import losses as ref
 
 from tritoncheck import backend
 from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers
@@ -17,6 +15,8 @@ from tritoncheck.large_problem import randn as large_randn
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
 from tritoncheck.parity import control_baseline
+from tritoncheck.properties import losses_tolerance as rules
+from tritoncheck.references import losses as ref
 from tritoncheck.registry import OPS, Check, Implementation, OpSpec, register
 from tritoncheck.strategies import FAMILIES, Case, TensorSpec, special_values, tensors
 

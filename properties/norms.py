@@ -19,8 +19,6 @@ import numpy as np
 import torch
 from hypothesis import assume
 from hypothesis import strategies as st
-from tritoncheck.properties import norms_tolerance as rules
-from tritoncheck.references import norms as ref
 
 from tritoncheck import backend, parity, tolerance
 from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
@@ -31,6 +29,8 @@ from tritoncheck.large_problem import randn as large_randn
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
 from tritoncheck.parity import control_baseline
+from tritoncheck.properties import norms_tolerance as rules
+from tritoncheck.references import norms as ref
 from tritoncheck.registry import Check, Implementation, OpSpec, register
 from tritoncheck.stats import COINCIDENCE, FALSE_ALARM
 from tritoncheck.stats import binomial_tail_bound as _binomial_tail_bound

@@ -7,8 +7,6 @@ import numpy as np
 import torch
 from hypothesis import assume
 from hypothesis import strategies as st
-from tritoncheck.properties import softmax_tolerance as rules
-from tritoncheck.references import softmax as ref
 
 from tritoncheck import backend
 from tritoncheck.bad_input import NON_POSITIVE, BadInput, randn, scalar_spoilers, tensor_spoilers
@@ -18,6 +16,8 @@ from tritoncheck.large_problem import LargeProblem, row_wise
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
 from tritoncheck.parity import control_baseline
+from tritoncheck.properties import softmax_tolerance as rules
+from tritoncheck.references import softmax as ref
 from tritoncheck.registry import Check, Implementation, OpSpec, register
 from tritoncheck.strategies import FAMILIES, Case, TensorSpec, sizes, special_values, tensors
 

@@ -7,6 +7,7 @@ cos/sin in another dtype than x, dropout. The ``*_declared`` twins declare the s
 limits with ``fn.limits``. tests/test_refusals.py runs the suite on them with ``--impl``.
 """
 import torch
+
 from tritoncheck.kernels.attention import attention as _attention
 from tritoncheck.kernels.elementwise import rope as _rope
 from tritoncheck.kernels.linear_attention import linear_attention as _linear_attention

@@ -14,13 +14,13 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+
+from tritoncheck import backend
 from tritoncheck.controls import attention as controls
 from tritoncheck.kernels.attention import _dropout_keep, attention
 from tritoncheck.mutants import attention as mutants
 from tritoncheck.references.attention import attention as ref_np
 from tritoncheck.references.attention import attention_torch as ref_torch
-
-from tritoncheck import backend
 
 # the suite's conftest picks the backend (TRITON_INTERPRET) before this module is imported
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"

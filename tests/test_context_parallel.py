@@ -8,12 +8,12 @@ import torch
 import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
+
+from tritoncheck import backend, rank_pool
 from tritoncheck.kernels import context_parallel as ring
 from tritoncheck.mutants import context_parallel as cp_mutants
 from tritoncheck.properties import context_parallel as cp
 from tritoncheck.properties.context_parallel import SETTINGS
-
-from tritoncheck import backend, rank_pool
 
 DTYPES = [pytest.param(d, id=str(d).replace("torch.", "")) for d in cp.DTYPES]
 

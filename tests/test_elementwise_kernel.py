@@ -14,12 +14,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from tritoncheck import registry  # noqa: E402
 from tritoncheck.controls import elementwise as controls  # noqa: E402
 from tritoncheck.kernels import elementwise as kmod  # noqa: E402
 from tritoncheck.kernels.elementwise import rope, swiglu  # noqa: E402
 from tritoncheck.references import elementwise as ref  # noqa: E402
-
-from tritoncheck import registry  # noqa: E402
 
 DEVICE = torch.device("cpu" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "cuda")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

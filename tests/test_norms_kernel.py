@@ -17,6 +17,7 @@ if "triton" not in sys.modules and not torch.cuda.is_available():
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
 from tritoncheck.controls import norms as controls  # noqa: E402
 from tritoncheck.kernels import norms as kn  # noqa: E402
 from tritoncheck.kernels.norms import dropout_residual_layer_norm, layer_norm  # noqa: E402

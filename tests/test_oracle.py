@@ -5,11 +5,11 @@ bf16 sums over rows of layer_norm's dweight/dbias)."""
 import numpy as np
 import pytest
 import torch
-from tritoncheck.properties import norms_tolerance, softmax_tolerance
-from tritoncheck.references import softmax as softmax_ref
 
 from tritoncheck import harness, registry, report
 from tritoncheck.oracle import InvalidAllowance, compare
+from tritoncheck.properties import norms_tolerance, softmax_tolerance
+from tritoncheck.references import softmax as softmax_ref
 from tritoncheck.tolerance import Precision
 
 BACKENDS = ("interpret", "cuda")

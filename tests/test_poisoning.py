@@ -1,8 +1,8 @@
 """tritoncheck/poisoning.py: fresh allocations hold NaN while a check runs, and only then."""
 import torch
-from tritoncheck.mutants.elementwise import last_row_block_unwritten
 
 from tritoncheck import backend
+from tritoncheck.mutants.elementwise import last_row_block_unwritten
 from tritoncheck.poisoning import poisoned_allocations
 
 DEVICE = backend.device()

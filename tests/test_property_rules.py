@@ -3,10 +3,10 @@ are tight where the property is exact, and fail the bugs they are meant to see."
 import numpy as np
 import pytest
 import torch
-from tritoncheck.properties import elementwise_tolerance, softmax_tolerance
-from tritoncheck.properties.attention import _online_merge
 
 from tritoncheck import registry
+from tritoncheck.properties import elementwise_tolerance, softmax_tolerance
+from tritoncheck.properties.attention import _online_merge
 from tritoncheck.strategies import Case, TensorSpec
 from tritoncheck.tolerance import Precision
 

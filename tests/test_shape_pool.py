@@ -2,10 +2,10 @@
 pool fixed for the run, block boundaries included; the other dims still vary."""
 import torch
 from hypothesis import HealthCheck, given, settings
-from tritoncheck.properties import attention, softmax
 
 from tritoncheck import registry, shape_pool
 from tritoncheck.config import CONFIG
+from tritoncheck.properties import attention, softmax
 
 
 def test_pool_holds_the_boundaries_in_range_and_is_the_same_every_time():

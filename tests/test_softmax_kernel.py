@@ -6,10 +6,10 @@ not: that bad input is refused with an error naming the argument.
 import numpy as np
 import pytest
 import torch
-from tritoncheck.kernels.softmax import softmax
-from tritoncheck.references import softmax as ref
 
 from tritoncheck import backend
+from tritoncheck.kernels.softmax import softmax
+from tritoncheck.references import softmax as ref
 
 DEVICE = backend.device()
 

@@ -61,9 +61,9 @@ def pytest_args(ns: argparse.Namespace, extra: list[str]) -> list[str]:
     here = Path(__file__).parent
     # --confcutdir: from an editable install the suite's file lies in a checkout, whose
     # conftest.py would put the checkout first on sys.path, where its kernels/ would
-    # shadow a user's package of that name.
+    # shadow a user's package of that name. --rootdir: test ids read suite.py::test_check[...].
     args = [str(here / "suite.py"), "-p", "tritoncheck.plugin", "-o", "tritoncheck=true", "-p", "no:cacheprovider",
-            "--confcutdir", str(here), "--rootdir", os.getcwd(), "--report-dir", ns.report_dir, "--backend", ns.backend,
+            "--confcutdir", str(here), "--rootdir", str(here), "--report-dir", ns.report_dir, "--backend", ns.backend,
             "--refusals", ns.refusals, "--tolerance", ns.tolerance]
     for spec in ns.impls:
         args += ["--impl", spec]

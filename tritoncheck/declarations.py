@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
-
-if TYPE_CHECKING:
-    from tritoncheck.registry import OpSpec
 
 BACKEND_NAMES = ("cuda", "interpret")
 DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
@@ -72,7 +69,7 @@ class ExpectedFailure:
         return f"{self.check}" + (f" ({', '.join(scope)})" if scope else "")
 
 
-def expected_failures(op: "OpSpec", declared: Any, owner: str) -> tuple[ExpectedFailure, ...]:
+def expected_failures(op: Any, declared: Any, owner: str) -> tuple[ExpectedFailure, ...]:
     """Parse ``fn.expected_failures``; every check, dtype and backend named must exist."""
     where = f"{owner}.expected_failures"
     if declared is None:
@@ -102,7 +99,7 @@ def expected_failures(op: "OpSpec", declared: Any, owner: str) -> tuple[Expected
     return tuple(items)
 
 
-def dtypes(op: "OpSpec", declared: Any, owner: str) -> tuple[torch.dtype, ...] | None:
+def dtypes(op: Any, declared: Any, owner: str) -> tuple[torch.dtype, ...] | None:
     if declared is None:
         return None
     items = tuple(declared) if isinstance(declared, (tuple, list, set, frozenset)) else None

@@ -25,16 +25,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from hypothesis import strategies as st
 
 from tritoncheck import shape_pool
 from tritoncheck.config import CONFIG
 from tritoncheck.strategies import Case, lengths, sizes
-
-if TYPE_CHECKING:
-    from tritoncheck.registry import OpSpec
 
 KEYS = {
     "max_size": "{dim: n}: the largest size of a named dim the kernel accepts",
@@ -67,7 +64,7 @@ class Limits:
     contiguous: tuple[str, ...] = ()
 
     @classmethod
-    def parse(cls, op: "OpSpec", declared: Any, owner: str) -> "Limits":
+    def parse(cls, op: Any, declared: Any, owner: str) -> "Limits":
         """Validate ``declared`` (a kernel's ``fn.limits``) against ``op``; every error
         names the attribute, the bad entry and the fix."""
         where = f"{owner}.limits"
@@ -291,7 +288,7 @@ class Limits:
                 specs[name] = dataclasses.replace(specs[name], layout=None)
         return dataclasses.replace(case, tensors=specs)
 
-    def excludes(self, op: "OpSpec", case: Case) -> str | None:
+    def excludes(self, op: Any, case: Case) -> str | None:
         """Why ``case`` lies outside the limits, or None (for tests of the steering)."""
         for dim, (tensor, axis) in op.dims.items():
             n = case.tensors[tensor].shape[axis]

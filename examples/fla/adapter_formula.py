@@ -19,6 +19,7 @@ import adapters
 import numpy as np
 import torch
 from fla.ops.linear_attn.naive import naive_recurrent_linear_attn
+
 from tritoncheck.references import linear_attention as ref
 
 

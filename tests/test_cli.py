@@ -1,0 +1,100 @@
+"""The installed face of the suite, from a user's directory: the ``tritoncheck`` command, the
+pytest entry point, and the plugin staying inert in a run that did not ask for it.
+
+Each test copies ``examples/user_project`` (a package named ``kernels``, like the suite's own
+folder, with a correct and a wrong softmax) into an empty temporary directory and runs there
+in a subprocess, as a library's CI would. ``scripts/installed_demo.sh`` (run by ``.ci/run``)
+does the same with a non-editable install in a fresh virtual environment.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHEAP = ["--dtype", "float32", "--max-examples", "5"]
+
+
+@pytest.fixture
+def user_dir(tmp_path) -> Path:
+    shutil.copytree(ROOT / "examples" / "user_project" / "kernels", tmp_path / "kernels")
+    return tmp_path
+
+
+# what this run's plugin set or a caller's shell may hold: the subprocess starts as a user's would
+_INHERITED = ("PYTHONPATH", "TRITON_INTERPRET", "TRITON_CACHE_AUTOTUNING")
+
+
+def _run(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if k not in _INHERITED}
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env={**clean, **(env or {})})
+
+
+def test_the_command_passes_a_correct_kernel_and_fails_a_wrong_one_with_a_replay(user_dir):
+    good = _run(["-m", "tritoncheck", "softmax=kernels.softmax:softmax", *CHEAP], user_dir)
+    assert good.returncode == 0, good.stdout[-3000:] + good.stderr[-3000:]
+    assert "12 passed" in good.stdout and (user_dir / "reports" / "report.json").is_file()
+    bad = _run(["-m", "tritoncheck", "softmax=kernels.softmax:softmax_off_by_a_tenth", *CHEAP], user_dir)
+    assert bad.returncode == 1, bad.stdout[-3000:]
+    assert "suite.py::test_check[softmax-softmax_off_by_a_tenth-float32-rows_sum_to_one]" in bad.stdout
+    replay = re.search(r"python -m tritoncheck\.replay (reports/failures/\S+\.json)", bad.stdout)
+    assert replay, bad.stdout[-3000:]
+    again = _run(["-m", "tritoncheck.replay", replay.group(1)], user_dir)
+    assert again.returncode == 1 and "FAILED" in again.stdout, again.stdout + again.stderr
+
+
+def test_pytest_with_impl_checks_the_users_kernels_package(user_dir):
+    """Through pytest (the plugin's entry point is active with --impl); the suite's checkout
+    must not shadow the user's package named kernels."""
+    bad = _run(["-m", "pytest", "--pyargs", "tritoncheck.suite", "--confcutdir", str(ROOT / "tritoncheck"),
+                "--impl", "softmax=kernels.softmax:softmax_off_by_a_tenth", *CHEAP, "-k", "rows_sum_to_one"],
+               user_dir)
+    assert bad.returncode == 1, bad.stdout[-3000:] + bad.stderr[-3000:]
+    assert "rows_sum_to_one failed for softmax_off_by_a_tenth" in bad.stdout
+
+
+def test_an_impl_shadowed_by_the_suites_own_folder_is_a_usage_error(user_dir):
+    """From the checkout with the user's code on PYTHONPATH, a bare `kernels.softmax` is the
+    suite's file: it used to be checked under the user's name (a green for a wrong kernel)."""
+    done = _run(["-m", "pytest", "tests/test_checks.py", "--collect-only", "-q", "-p", "no:xdist",
+                 "--impl", "softmax=kernels.softmax:softmax_off_by_a_tenth"], ROOT,
+                env={"PYTHONPATH": str(user_dir)})
+    out = done.stdout + done.stderr
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, out
+    assert str(ROOT / "kernels" / "softmax.py") in out and str(user_dir / "kernels") in out, out
+
+
+@pytest.mark.parametrize("args, words", [
+    ([], "name at least one OP=module:function"),
+    (["softmax"], "expected OP=package.module:function"),
+    (["nope=kernels.softmax:softmax"], "unknown op 'nope'"),
+])
+def test_bad_command_lines_are_usage_errors(user_dir, args, words):
+    done = _run(["-m", "tritoncheck", *args], user_dir)
+    assert done.returncode in (2, pytest.ExitCode.USAGE_ERROR) and words in done.stdout + done.stderr, \
+        done.stdout + done.stderr
+
+
+def test_help_lists_the_options_and_the_declarations(user_dir):
+    done = _run(["-m", "tritoncheck", "--help"], user_dir)
+    assert done.returncode == 0
+    for words in ("OP=module:function", "--dtype", "--max-examples", "--refusals", "fn.supports_backward", "-- "):
+        assert words in done.stdout, words
+
+
+def test_the_plugin_is_inert_in_a_run_that_did_not_ask_for_it(tmp_path):
+    """The entry point loads the plugin into every pytest run of the environment: a user's own
+    tests run as they would without it (no backend chosen, no reports written)."""
+    (tmp_path / "test_unrelated.py").write_text(
+        "import os\n\ndef test_untouched():\n    assert 'TRITON_INTERPRET' not in os.environ\n")
+    assert "--impl=OP=module:function" in _run(["-m", "pytest", "--help"], tmp_path).stdout  # the entry point loaded it
+    done = _run(["-m", "pytest", "-q", "test_unrelated.py"], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not (tmp_path / "reports").exists()
