@@ -389,6 +389,40 @@ backward_mask_shifted = mutant(
     kills=("dropout_gradient_uses_keep",),
 )
 
+# The wrapper drops nothing unless the mask is asked for: dropout_p is applied only on the
+# return_keep=True path (a keep kernel written as the dropout's entry point, the training call
+# left on the plain path). Every mask-based check that calls with return_keep=True sees correct
+# dropout; the training call a model makes (return_keep=False) trains without it.
+dropout_only_with_keep = mutant(
+    "attention", _kernel,
+    [("    dropout_p, seed = _check_dropout(dropout_p, seed, return_keep)\n",
+      "    dropout_p, seed = _check_dropout(dropout_p, seed, return_keep)\n"
+      "    dropout_p = dropout_p if return_keep else 0.0\n")],
+    name="dropout_only_with_keep",
+    bug="Dropout applied only when the keep mask is asked for (return_keep=True); the training call "
+        "(return_keep=False) runs with no dropout. Triggers on every call with dropout_p > 0 and "
+        "return_keep=False: o is the dropout-free output.",
+    kills=("dropout_training_call_equals_keep_call",),
+)
+
+# The backward is written for o = (P * M) V, without the forward's 1 / (1 - p) (folded into
+# 1 / l there, so easy to forget): dv and dP' lack the factor. dv is (1 - p) times the right
+# one; dS = P (M dP - delta) with delta = rowsum(dO * O) from the scaled O, so dq and dk are
+# wrong by more than a factor. The forward and the mask are right: only a comparison of the
+# gradients under dropout with a reference sees it (dropout_gradient_uses_keep checks where
+# dv is 0, not its size).
+dropout_backward_unscaled = mutant(
+    "attention", _kernel,
+    [("dv = dv * drop_scale  # the kept weights' 1 / (1 - p)", "dv = dv"),
+     ("dp = tl.where(kept, dp * drop_scale, 0.0)", "dp = tl.where(kept, dp, 0.0)"),
+     ("dp = tl.where(kept_q, dp * drop_scale, 0.0)", "dp = tl.where(kept_q, dp, 0.0)")],
+    name="dropout_backward_unscaled",
+    bug="Backward under dropout without the kept weights' 1 / (1 - p): dv = (P * M)^T dO and "
+        "dP' = M dO V^T (the forward's scale, folded into 1 / l, forgotten in the backward). "
+        "Triggers on every backward with dropout_p > 0: dv is (1 - p) times the gradient, dq and dk off too.",
+    kills=("dropout_gradients_match_reference",),
+)
+
 MUTANTS = (
     padded_keys_scored_zero,
     accumulator_not_rescaled,
@@ -416,4 +450,6 @@ MUTANTS = (
     zero_dropout_means_default,
     seed_truncated_to_32_bits,
     backward_mask_shifted,
+    dropout_only_with_keep,
+    dropout_backward_unscaled,
 )

@@ -350,7 +350,11 @@ def _backward_sums_in_domain(case: Case, q, k, v, do, o) -> None:
     max / 8 of the dtype (|dO| |V|^T, max(1, scale) |dS| |K|, max(1, scale) |dS|^T |Q|,
     P^T |dO|, max(1, softcap) |dS|, in fp32 or the input dtype; |dS| meaning the sizes it
     is computed from, P (|dP| + |delta|)): the gradient, or a partial sum of it, cannot
-    be held. Arguments are fp64 torch tensors; ``o`` is the fp64 reference output."""
+    be held. Arguments are fp64 torch tensors; ``o`` is the fp64 reference output.
+
+    With the case's dropout_p > 0 (c = 1 / (1 - p)) the bound holds for every keep mask M,
+    drawn or not: dP' = c M dP, the weights in dV are c M P and |o| <= c P |V|, each at most
+    c times its dropout-free magnitude (M only zeroes terms); ``o`` is then not read."""
     scale = _scale_of(case)
     k_heads = k.shape[1]
     k, v = ref.repeat_kv(k, q.shape[1]), ref.repeat_kv(v, q.shape[1])
@@ -358,12 +362,16 @@ def _backward_sums_in_domain(case: Case, q, k, v, do, o) -> None:
     visible = ref.visible_pairs_torch(s.shape[-2], s.shape[-1], case.params["causal"], window_of(case), q.device)
     # rows that see no key have P = 0 (the contract's o = 0), not a softmax of -inf
     pr = torch.softmax(s.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
-    dp = do @ v.transpose(-1, -2)
+    dropout_p = case.params.get("dropout_p", 0.0)
+    c = 1.0 / (1.0 - dropout_p)
+    dp = c * (do @ v.transpose(-1, -2))
+    delta = (do.abs() * (c * pr @ v.abs())).sum(-1, keepdim=True) if dropout_p \
+        else (do * o).sum(-1, keepdim=True).abs()
     # dS = P (dP - delta) is computed as a difference of rounded dP and delta: where they
     # cancel (a row that sees one key has dS = 0 exactly) the computed dS is a rounding
     # residue of up to u (|dP| + |delta|), not 0, and a near-max k times it overflows; the
     # domain bounds the products with P (|dP| + |delta|), which holds the residue too
-    ds = pr * (dp.abs() + (do * o).sum(-1, keepdim=True).abs())
+    ds = pr * (dp.abs() + delta)
     big_scale = max(1.0, scale)  # the kernel multiplies by the scale after the sum
 
     def group_sum(t):  # dk, dv of a shared KV head sum over its group of query heads
@@ -371,9 +379,9 @@ def _backward_sums_in_domain(case: Case, q, k, v, do, o) -> None:
 
     # a plain softcap backward (s_c = c tanh(s / c), as transformers writes it) holds dS c
     # before the chain rule's 1 - tanh^2 and / c bring it back
-    sums = (do.abs() @ v.abs().transpose(-1, -2), max(1.0, case.params.get("softcap") or 0.0) * ds,
+    sums = (c * (do.abs() @ v.abs().transpose(-1, -2)), max(1.0, case.params.get("softcap") or 0.0) * ds,
             big_scale * (ds @ k.abs()),
-            group_sum(big_scale * (ds.transpose(-1, -2) @ q.abs())), group_sum(pr.transpose(-1, -2) @ do.abs()))
+            group_sum(big_scale * (ds.transpose(-1, -2) @ q.abs())), group_sum(c * (pr.transpose(-1, -2) @ do.abs())))
     big = max(float(t.max()) for t in sums)
     assume(math.isfinite(big) and big <= _fmax(getattr(torch, case.dtype)) / 8)
 
@@ -1006,7 +1014,8 @@ register(OpSpec(
             "`[B, H, Nq, Nk]` (`(o, lse, keep)`; entries outside the band are unspecified), and the backward uses "
             "the forward's mask. The arguments after `sm_scale` are passed (positionally) only up to the last one "
             "that is not its default; an implementation whose signature stops before `dropout_p` skips the dropout "
-            "checks (not applicable, with the reason).",
+            "checks (not applicable, with the reason); one that stops at `seed` (no `return_keep`) has its mask "
+            "read off its training call (q = 0, one-hot v) by the checks that need it.",
     scalars=("causal", "sm_scale", "window", "softcap", "dropout_p", "seed", "return_keep"),
     dims={"B": ("q", 0), "H": ("q", 1), "Hkv": ("k", 1), "Nq": ("q", 2), "Nk": ("k", 2), "D": ("q", 3)},
     choices={"causal": (False, True), "sm_scale": SM_SCALES, "window": WINDOWS, "softcap": SOFTCAPS,

@@ -6,8 +6,9 @@ The contract: P's entries are dropped after the softmax by a counter-based RNG s
 ``seed``, the kept ones scaled by 1 / (1 - dropout_p); lse is dropout-free; the same seed
 gives the same mask; ``dropout_p = 0`` is no dropout, bit for bit; ``return_keep=True``
 returns the keep mask [B, H, Nq, Nk] (entries outside the band unspecified), which is the
-only way to check o against a reference, since the mask comes from the implementation's
-own RNG. So the checks are:
+way to check o against a reference, since the mask comes from the implementation's own
+RNG. Models train with ``return_keep=False``: that call must compute what the call with the
+mask computes, and its gradients are what training uses. So the checks are:
 
 * ``dropout_zero_is_plain``: dropout_p = 0 (a seed passed) equals the call without the
   dropout arguments bit for bit: o and lse.
@@ -22,6 +23,24 @@ own RNG. So the checks are:
 * ``dropout_gradient_uses_keep``: with the upstream gradient on one query row, dv of every
   key the returned mask drops there (or the band hides) is exactly 0: the backward uses
   the forward's mask.
+* ``dropout_training_call_equals_keep_call``: the training call (return_keep=False) gives o
+  and lse bitwise equal to the return_keep=True call with the same seed (a failure says
+  when the training call is the dropout-free one); the checks of the returned mask then
+  hold for the training call too.
+* ``dropout_gradients_match_reference``: dq, dk, dv of the training call match fp64 autograd
+  of the reference given the mask within ``rules.attention_dropout_grad`` (derivation
+  there), cases outside the gradient domain and vacuous allowances discarded as in
+  ``gradients_match_reference``; a gradient (1 - p) times the reference's is named as the
+  missing 1 / (1 - p).
+
+Where the mask comes from: an implementation whose signature takes ``return_keep`` returns
+it (a call with return_keep=True). One whose signature stops at ``seed`` cannot: the
+checks that read a mask recover it from its training call instead (:func:`_recovered_keep`:
+q = 0 and one-hot values make o show which keys each row kept, ceil(Nk / D) calls), so the
+statistical checks and the reference comparisons run on the training call itself, and
+``dropout_training_call_equals_keep_call`` is not applicable (skipped with the reason). The
+suite learns which from the signature alone: no declaration says "no return_keep" today
+(tritoncheck/declarations.py lists the attributes).
 
 Statistics. Only visible pairs (i, j) count: outside the band the mask is unspecified.
 A kept count K ~ Binomial(n, 1 - p) fails when the two-sided Chernoff bound of a count as
@@ -35,7 +54,8 @@ example: ALARM_KEEP + ALARM_INDEPENDENT and COINCIDENCE (``Check.false_alarm``);
 with norms' checks 2.4e-8 per example (tritoncheck/stats.py).
 
 Shapes stay small on the interpreter (Nq, Nk <= SMALL_N, D <= SMALL_D, a few tiles): Philox
-runs as NumPy there, and a check calls the kernel one to three times (see SMALL_TILES).
+runs as NumPy there, and a check calls the kernel one to three times, the gradient checks
+once backward more (see SMALL_TILES; without return_keep, ceil(Nk / D) calls more per mask).
 
 Implementations that take no dropout: a signature that stops before ``dropout_p`` (every
 kernel written before it, third-party kernels without the argument) makes the dropout
@@ -52,11 +72,12 @@ import math
 
 import numpy as np
 import torch
+from hypothesis import assume
 
 from tritoncheck import backend
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import precision, require_grad_fn, run, with_upstream
-from tritoncheck.oracle import assert_close, assert_identical, to_numpy
+from tritoncheck.oracle import allowance_mostly_vacuous, assert_close, assert_identical, compare, to_numpy
 from tritoncheck.phases import timed
 from tritoncheck.properties import attention_tolerance as rules
 from tritoncheck.references import attention as ref
@@ -139,12 +160,60 @@ def _takes_with_backward(last: str):
 
 # --------------------------------------------------------------------------- helpers
 
+def _returns_keep(impl: Implementation) -> bool:
+    """Whether ``impl`` takes ``return_keep`` (its signature binds the contract's arguments
+    through it, or cannot be read): the keep mask then comes from that call; else it is
+    recovered from the training call (:func:`_recovered_keep`)."""
+    return _takes("return_keep")(impl) is None
+
+
+def _training(case: Case) -> Case:
+    """``case`` as a model trains with it: return_keep=False (not passed)."""
+    return _family().with_params(case, return_keep=False)
+
+
+def _recovered_keep(case: Case, impl: Implementation, values: dict) -> torch.Tensor:
+    """The keep mask [B, H, Nq, Nk] (bool, on the host) of the training call of ``case``,
+    read off that call's o, for an implementation that cannot return it.
+
+    By the contract the mask is a function of the seed and the shape alone (a counter-based
+    RNG), so a call with other values draws the same one: q = 0 gives every visible key of
+    row i the weight 1 / n_i (the softmax of equal scores; ALiBi is left out, softcaps
+    cap 0 to 0), and v_j = e_(j - t D) (one-hot over the D columns, keys tD .. tD + D - 1;
+    0 for the other keys) gives o_id = c M_i,(tD + d) / n_i: nonzero exactly where key tD + d
+    is kept (c / n_i >= 1 / 32 on the interpreter's shapes, far from every dtype's
+    underflow). ceil(Nk / D) calls; outside the band the mask reads False (unspecified
+    there anyway). A mask that depends on the values shows in dropout_matches_reference."""
+    family = _family()
+    probe = _training(family._without_alibi(case))
+    q, v = values["q"], values["v"]
+    b, h, n_q, d = q.shape
+    h_kv, n_k = v.shape[1], v.shape[2]
+    keep = torch.zeros(b, h, n_q, n_k, dtype=torch.bool)
+    for start in range(0, n_k, d):
+        width = min(d, n_k - start)
+        one_hot = torch.zeros(b, h_kv, n_k, d, dtype=v.dtype, device=v.device)
+        cols = torch.arange(width, device=v.device)
+        one_hot[:, :, start + cols, cols] = 1.0
+        probe_values = family._values_for(probe, {**values, "q": torch.zeros_like(q), "v": one_hot})
+        with torch.no_grad():
+            _, outs = run(probe, impl, probe_values)
+        keep[..., start:start + width] = (outs["o"][..., :width] != 0).cpu()
+    return keep
+
+
 def _run_keep(case: Case, impl: Implementation, values: dict | None = None):
-    """impl on ``case`` (return_keep=True): the values and (o, lse, keep), checked for number,
-    type, shape and dtype."""
+    """impl on ``case``: the values and (o, lse, keep), checked for number, type, shape and
+    dtype. o and lse of the return_keep=True call with its mask where the implementation
+    takes return_keep (dropout_training_call_equals_keep_call ties that call to the training
+    call), else of the training call, with the mask recovered from it."""
     if values is None:
         with timed("inputs"):
             values = case.materialise(backend.device())
+    if not _returns_keep(impl):
+        train = _training(case)
+        _, outs = run(train, impl, _family()._values_for(train, values))
+        return values, {**outs, "keep": _recovered_keep(case, impl, values)}
     with timed("kernel"):
         result = case.call(impl.fn, values)
     items = result if isinstance(result, (tuple, list)) else (result,)
@@ -298,16 +367,112 @@ def dropout_gradient_uses_keep(case: Case, impl: Implementation) -> None:
                      f"{dropped} keys the returned mask drops (or the band hides) there, or at other KV heads")
 
 
+def dropout_training_call_equals_keep_call(case: Case, impl: Implementation) -> None:
+    """The training call (return_keep=False, the call a model trains with) gives o and lse
+    bitwise equal to the return_keep=True call with the same seed: asking for the mask must
+    not change what is computed, or every check of the returned mask checks another call
+    than the one models run."""
+    values, outs = _run_keep(case, impl)
+    train = _training(case)
+    _, trained = run(train, impl, _family()._values_for(train, values))
+    p, seed = case.params["dropout_p"], case.params["seed"]
+    what = (f"the training call (return_keep=False) differs from the return_keep=True call with the same seed "
+            f"{seed} (dropout_p = {p:g})")
+    for name in ("o", "lse"):
+        if not _identical(trained[name], outs[name]):
+            plain = _family().with_params(case, dropout_p=0.0, seed=0, return_keep=False)
+            _, undropped = run(plain, impl, _family()._values_for(plain, values))
+            if _identical(trained["o"], undropped["o"]):
+                what += ("; its o is bitwise the call without dropout: the training call applies no dropout "
+                         "(dropout only when the mask is asked for)")
+            assert_identical(name, trained[name], outs[name], what)
+
+
+def _identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, NaNs in the same places (as assert_identical compares)."""
+    return a.shape == b.shape and bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
+def _unscaled_cause(name: str, got: torch.Tensor, expected: np.ndarray, allowed: np.ndarray, p: float,
+                    dtype: torch.dtype) -> str:
+    """The cause of ``got``'s failure when it is (1 - p) times a right gradient: within
+    (1 - p) times the allowance (plus the allowance, for the product's rounding) of (1 - p)
+    times the reference, the backward left out the kept weights' 1 / (1 - p). '' otherwise."""
+    factor = 1.0 - p
+    if not compare(name, got, factor * expected, (factor + 1.0) * allowed, dtype).ok:
+        return ""
+    return (f"; {name} is {factor:.4g} x the reference within the allowance: the gradient is off by "
+            f"1/(1-p) = {1.0 / factor:.4g}, the backward leaves out the kept weights' 1 / (1 - p) scale")
+
+
+def dropout_gradients_match_reference(case: Case, impl: Implementation) -> None:
+    """dq, dk, dv of the training call (return_keep=False) under dropout match fp64 autograd
+    of the reference given the implementation's keep mask (o = (P * keep / (1 - p)) V) on the
+    same rounded inputs and upstream gradient, within rules.attention_dropout_grad. The mask
+    comes from a return_keep=True call (or from the training call itself, for an
+    implementation without return_keep). Cases are drawn as in gradients_match_reference:
+    backward sums beyond max / 8 of the dtype for any mask, or an allowance beyond it, are
+    outside the domain (``assume``); so is an example whose allowance would accept 0 for most
+    elements of a gradient (vacuous: counted in the report's discards); the comparisons are
+    recorded for the report. A gradient off by exactly the dropout's 1 / (1 - p) says so."""
+    family = _family()
+    dtype = getattr(torch, case.dtype)
+    with timed("inputs"):
+        values = case.materialise(backend.device())
+    names = ("q", "k", "v")
+    inputs64 = {n: values[n].detach().to(torch.float64, copy=True) for n in (*names, "do")}
+    family._backward_sums_in_domain(case, *(inputs64[n] for n in (*names, "do")), None)
+    with torch.no_grad():
+        _, with_keep = _run_keep(case, impl, dict(values))
+    keep = with_keep["keep"].to(inputs64["q"].device)
+    p, causal, window, extra = case.params["dropout_p"], case.params["causal"], family.window_of(case), \
+        family.mods(case, values)
+    with timed("reference"):
+        leaves = {n: inputs64[n].clone().requires_grad_(True) for n in names}
+        o64, lse64 = ref.attention_torch(*(leaves[n] for n in names), causal, case.params["sm_scale"], window,
+                                         **extra, dropout_p=p, keep=keep)
+        grads64 = dict(zip(names, (g.detach() for g in torch.autograd.grad(o64, [leaves[n] for n in names],
+                                                                           inputs64["do"]))))
+    with timed("allowance"):
+        allowed = rules.attention_dropout_grad(*(inputs64[n] for n in (*names, "do")), o64.detach(), lse64.detach(),
+                                               grads64["q"], grads64["k"], grads64["v"], keep, p, causal,
+                                               family._scale_of(case), precision(impl, case), window, **extra)
+    assume(max(float(np.max(a)) for a in allowed.values()) <= float(torch.finfo(dtype).max) / 8)
+    expected = {n: to_numpy(grads64[n]) for n in names}
+    assume(not any(allowance_mostly_vacuous(expected[n], allowed[f"d{n}"], dtype) for n in names))
+    for n in names:
+        values[n] = values[n].detach().requires_grad_(True)
+    train = _training(case)
+    _, outs = run(train, impl, family._values_for(train, values))
+    require_grad_fn(OPS["attention"], impl, outs)
+    with timed("kernel"):
+        got = dict(zip(names, torch.autograd.grad(outs["o"], [values[n] for n in names], values["do"])))
+    what = (f"does not match fp64 autograd of the reference given the implementation's keep mask "
+            f"(dropout_p = {p:g}, training call)")
+    with timed("compare"):
+        for n in ("v", "k", "q"):  # dv = c (P * keep)^T dO first: the factor shows there unmixed
+            if got[n].dtype != dtype:
+                raise AssertionError(f"gradient of {n!r} has dtype {got[n].dtype}, input has {dtype}")
+            if not compare(f"d{n}", got[n], expected[n], allowed[f"d{n}"], dtype).ok:
+                what += _unscaled_cause(f"d{n}", got[n], expected[n], allowed[f"d{n}"], p, dtype)
+            assert_close(f"d{n}", got[n], expected[n], allowed[f"d{n}"], what=what, dtype=dtype,
+                         rule="tritoncheck.properties.attention_tolerance.attention_dropout_grad")
+
+
 CHECKS = (
     Check("dropout_zero_is_plain", dropout_zero_is_plain, cases=_cases(dropouts=(0.0,), tiles=2),
           requires=_takes("seed")),
     Check("dropout_seed_reproducible", dropout_seed_reproducible, cases=_cases(small_n=16, tiles=1),
-          requires=_takes("return_keep"),
+          requires=_takes("seed"),
           false_alarm=COINCIDENCE),
     Check("dropout_keep_iid", dropout_keep_iid, cases=_cases(min_h=2, min_n=2, small_n=16, tiles=2),
-          requires=_takes("return_keep"),
+          requires=_takes("seed"),
           false_alarm=ALARM_KEEP + ALARM_INDEPENDENT),
-    Check("dropout_matches_reference", dropout_matches_reference, cases=_cases(), requires=_takes("return_keep")),
+    Check("dropout_matches_reference", dropout_matches_reference, cases=_cases(), requires=_takes("seed")),
     Check("dropout_gradient_uses_keep", dropout_gradient_uses_keep, cases=_cases(upstream=True, tiles=2),
-          requires=_takes_with_backward("return_keep")),
+          requires=_takes_with_backward("seed")),
+    Check("dropout_training_call_equals_keep_call", dropout_training_call_equals_keep_call,
+          cases=_cases(tiles=2), requires=_takes("return_keep")),
+    Check("dropout_gradients_match_reference", dropout_gradients_match_reference,
+          cases=_cases(upstream=True, tiles=2), requires=_takes_with_backward("seed")),
 )

@@ -446,9 +446,16 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
       GQA the group's per-head dk, dv are such partial sums too.
     SAFETY multiplies the first-order roundings; the P and score parts carry it already.
     """
-    kv_heads = k.shape[-3]
-    group = q.shape[-3] // kv_heads
     pb = _Problem.of(q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap)
+    return _gradient_allowances(pb, k.shape[-3], do, dq, dk, dv)
+
+
+def _gradient_allowances(pb: _Problem, kv_heads: int, do, dq, dk, dv, keep: torch.Tensor | None = None,
+                         c: float = 1.0) -> dict:
+    """:func:`attention_grad`'s rule (derivations there); with the keep mask [B, H, Nq, Nk]
+    and the dropout factor c = 1 / (1 - p), :func:`attention_dropout_grad`'s."""
+    p, scale, softcap = pb.p, pb.scale, pb.softcap
+    group = pb.q.shape[-3] // kv_heads
     dev = pb.q.device
     do, dq, dk, dv = (float64_on(t, dev) for t in (do, dq, dk, dv))
     u_p, p_floor = _attention_parts(p)
@@ -465,7 +472,7 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
     ds_col, pr_col = (torch.zeros(pb.k.shape[:-1], dtype=torch.float64, device=dev) for _ in range(2))
     seen_by = torch.zeros(pb.k.shape[-2], dtype=torch.float64, device=dev)  # query rows that see each key
     for rows in pb.blocks():
-        blk = _forward_block(pb, rows)
+        blk = _forward_block(pb, rows) if keep is None else _forward_block(pb, rows, keep[..., rows, :], c)
         visible, pr, s = blk.visible, blk.pr, blk.s
         qr, do_r, o_r = pb.q[..., rows, :], do[..., rows, :], pb.o[..., rows, :]
         lse_r = pb.lse[..., rows]
@@ -477,11 +484,17 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
         seen_by += visible[0, 0].sum(-2)
         ad, ao = do_r.abs(), o_r.abs()
         dp = do_r @ pb.v.transpose(-1, -2)
+        e_dp = (p.dot + sum_error(d, p.compute)) * (ad @ av.transpose(-1, -2)) + u_in * dp.abs() \
+            + DOT_READ_FLOOR * (ad.sum(-1)[..., :, None] + av.sum(-1)[..., None, :])
+        # dropout: P's weight in o, c M_ij (1 without); dP' = c M dP, its error c M times
+        # dP's plus the factor's roundings (attention_dropout_grad)
+        weight = 1.0 if keep is None else c * (keep[..., rows, :] & visible).to(torch.float64)
+        if keep is not None:
+            dp = weight * dp
+            e_dp = weight * e_dp + 2 * (p.compute + u_in) * dp.abs()
         delta = (do_r * o_r).sum(-1, keepdim=True)
         r = (dp - delta).abs()
         ds = pr * (dp - delta)
-        e_dp = (p.dot + sum_error(d, p.compute)) * (ad @ av.transpose(-1, -2)) + u_in * dp.abs() \
-            + DOT_READ_FLOOR * (ad.sum(-1)[..., :, None] + av.sum(-1)[..., None, :])
         e_delta = sum_error(d, p.compute) * (ad * ao).sum(-1, keepdim=True) \
             + ((p_rel + u_in * pr) * dp.abs()).sum(-1, keepdim=True)
         # a P near underflow is only known to p_floor (a GPU's exp2 flushes it to 0), and
@@ -513,9 +526,11 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
         dk_sum += ads.transpose(-1, -2) @ qr.abs()
         ds_col += ads.sum(-2)
         e_p = p_rel + SAFETY * (u_p * pr + p_floor * small)
+        if keep is not None:  # the weights c M P: c M times P's error, and the factor's roundings
+            e_p = weight * (e_p + SAFETY * 2 * (p.compute + u_in) * pr)
         dv_err += e_p.transpose(-1, -2) @ ad
-        dv_sum += pr.transpose(-1, -2) @ ad
-        pr_col += pr.sum(-2)
+        dv_sum += (weight * pr).transpose(-1, -2) @ ad
+        pr_col += (weight * pr).sum(-2)
     n_col = (group * seen_by)[:, None]  # query rows (of the group) that see each key
     reads_col = DOT_READ_FLOOR * ds_col[..., None]  # q misread, per dk_j
     dk_allowed = _group_sum(scale * (dk_err + SAFETY * reads_col + SAFETY * (p.dot + sum_error(n_col, p.compute))
@@ -568,3 +583,46 @@ def attention_dropout(q, k, v, o, lse, keep, dropout_p: float, causal: bool, sca
         block = _forward_block(pb, rows, keep[..., rows, :].to(torch.bool), 1.0 / (1.0 - dropout_p))
         a_o[..., rows, :], a_lse[..., rows] = block.o_allowed, block.lse_allowed
     return to_numpy(a_o), to_numpy(a_lse)
+
+
+def attention_dropout_grad(q, k, v, do, o, lse, dq, dk, dv, keep, dropout_p: float, causal: bool, scale: float,
+                           p: Precision, window=(-1, -1), alibi_slopes=None, softcap: float = 0.0) -> dict:
+    """Allowed absolute errors of dq, dk, dv of attention with dropout, given the
+    implementation's keep mask M (``o`` is the fp64 reference with that mask, ``lse`` the
+    dropout-free one, ``dq``, ``dk``, ``dv`` fp64 autograd of that reference).
+
+    With c = 1 / (1 - dropout_p) the forward is o_i = sum_j P~_ij v_j, P~ = c M * P: dropout
+    multiplies each weight by an exact 0 or by c, after the softmax. So the backward is
+    :func:`attention_grad`'s with two substitutions, and nothing else changes:
+        dV     = P~^T dO                     (P replaced by P~ = c M P)
+        dP'_ij = c M_ij dO_i . v_j            (dP = dO V^T replaced by c M dP)
+        delta_i = sum_j P_ij dP'_ij = sum_j P~_ij dO_i . v_j = dO_i . o_i
+        dS     = P (dP' - delta)             (the softmax's own P, dropout-free),
+        dq = scale dS K, dk = scale dS^T Q.
+    delta is still rowsum(dO * O), O now the dropped output: its error is the o allowance
+    of :func:`attention_dropout` (the rule's forward block with the mask), and a softmax
+    backward that forms it as sum_j P_ij dP'_ij carries P's errors times |dP'|, as in
+    attention_grad with dP' for dP.
+
+    The errors scale the same way. P's relative error (scores, lse, exp) is the dropout-free
+    one, since the mask and the normaliser do not depend on it; a weight P~_ij = c M_ij P_ij
+    errs by c M_ij times P_ij's error (M is exact), so every dv term of attention_grad (P's
+    error, its rounding to the dtype and its subnormals, the sum's error over the Nq terms,
+    misread dO) is taken with the weight c M_ij: dv's allowance is c times the dropout-free
+    one over the kept pairs only. dP' errs by c M_ij times dP's error. c itself is a
+    rounding: the kernel rounds c to fp32 once and multiplies it in once (into dP' and
+    into dv at the end), u(fp32) each; plain PyTorch forms P M / (1 - p) and its gradient
+    dP M / (1 - p) in the input dtype, u(dtype) each. So 2 (u(fp32) + u(dtype)) more on
+    every |dP'_ij| and on every weight P~_ij (the latter under SAFETY with P's other
+    first-order roundings; the former enters dS through SAFETY P_ij err(dP')). dS's terms
+    (P's error times |dP' - delta|, P times err(dP') + err(delta), dS's own rounding and
+    floors, softcap's factor) are attention_grad's with dP' for dP; dq and dk carry dS's
+    errors through the same products and sums.
+
+    Why not c times attention_grad's allowance: dS = P (dP' - delta) is not c times the
+    dropout-free dS (delta moves with the mask, a dropped key's dP'_ij is exactly 0 and its
+    dS_ij = -P_ij delta_i); the substitutions bound the computation that is actually done.
+    """
+    pb = _Problem.of(q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap)
+    keep = torch.as_tensor(keep, device=pb.q.device).to(torch.bool).expand(*pb.q.shape[:-1], pb.k.shape[-2])
+    return _gradient_allowances(pb, k.shape[-3], do, dq, dk, dv, keep, 1.0 / (1.0 - dropout_p))

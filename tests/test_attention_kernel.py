@@ -414,6 +414,10 @@ TRIGGERS = {
     "seed_truncated_to_32_bits": (1, 1, 8, 20, 16, False, "contiguous", None, 1, (-1, -1),
                                   {"dropout_p": 0.5, "seed": 2**40 + 3}),
     "backward_mask_shifted": (1, 2, 8, 20, 16, True, "contiguous", None, 1, (-1, -1), {"dropout_p": 0.5, "seed": 3}),
+    # the trigger calls without return_keep: the training call
+    "dropout_only_with_keep": (1, 2, 8, 20, 16, False, "contiguous", None, 2, (-1, -1), {"dropout_p": 0.5, "seed": 3}),
+    "dropout_backward_unscaled": (1, 2, 8, 20, 16, True, "contiguous", None, 1, (-1, -1),
+                                  {"dropout_p": 0.5, "seed": 3}),
 }
 
 
@@ -450,7 +454,8 @@ def test_mutant_differs_on_trigger(name):
     good = _run_with_grads(attention, q, k, v, causal, sm_scale, do, window, **extra)
     bad = _run_with_grads(getattr(mutants, name), q, k, v, causal, sm_scale, do, window, **extra)
     labels = ("o", "lse", "dq", "dk", "dv")
-    forward_only = name in ("dk_missing_scale", "dkdv_causal_mask_missing", "backward_mask_shifted")
+    forward_only = name in ("dk_missing_scale", "dkdv_causal_mask_missing", "backward_mask_shifted",
+                            "dropout_backward_unscaled")
     differs = [lab for lab, a, b in zip(labels, good, bad) if not torch.equal(a, b)]
     assert differs, f"mutant {name} matches the kernel on its trigger input"
     if forward_only:  # backward-only bugs leave the forward bitwise intact
