@@ -80,6 +80,16 @@ from tritoncheck.generic import precision, require_grad_fn, run, with_upstream
 from tritoncheck.oracle import allowance_mostly_vacuous, assert_close, assert_identical, compare, to_numpy
 from tritoncheck.phases import timed
 from tritoncheck.properties import attention_tolerance as rules
+from tritoncheck.properties.attention_arguments import (
+    _backward_sums_in_domain,
+    _complete,
+    _scale_of,
+    _values_for,
+    _without_alibi,
+    mods,
+    window_of,
+    with_params,
+)
 from tritoncheck.references import attention as ref
 from tritoncheck.registry import OPS, Check, Implementation
 from tritoncheck.stats import COINCIDENCE, FALSE_ALARM, agreement, binomial_tail_bound
@@ -99,13 +109,6 @@ ALARM_INDEPENDENT = FALSE_ALARM / 2  # per example, dropout_keep_iid's agreement
 SMALL_N = 32
 SMALL_D = 32
 SMALL_TILES = 4
-
-
-def _family():
-    """tritoncheck.properties.attention, which imports this module to register its checks: read at call
-    time, so that either module may be imported first."""
-    from tritoncheck.properties import attention
-    return attention
 
 
 def _through(last: str) -> tuple[str, ...]:
@@ -169,7 +172,7 @@ def _returns_keep(impl: Implementation) -> bool:
 
 def _training(case: Case) -> Case:
     """``case`` as a model trains with it: return_keep=False (not passed)."""
-    return _family().with_params(case, return_keep=False)
+    return with_params(case, return_keep=False)
 
 
 def _recovered_keep(case: Case, impl: Implementation, values: dict) -> torch.Tensor:
@@ -184,8 +187,7 @@ def _recovered_keep(case: Case, impl: Implementation, values: dict) -> torch.Ten
     is kept (c / n_i >= 1 / 32 on the interpreter's shapes, far from every dtype's
     underflow). ceil(Nk / D) calls; outside the band the mask reads False (unspecified
     there anyway). A mask that depends on the values shows in dropout_matches_reference."""
-    family = _family()
-    probe = _training(family._without_alibi(case))
+    probe = _training(_without_alibi(case))
     q, v = values["q"], values["v"]
     b, h, n_q, d = q.shape
     h_kv, n_k = v.shape[1], v.shape[2]
@@ -195,7 +197,7 @@ def _recovered_keep(case: Case, impl: Implementation, values: dict) -> torch.Ten
         one_hot = torch.zeros(b, h_kv, n_k, d, dtype=v.dtype, device=v.device)
         cols = torch.arange(width, device=v.device)
         one_hot[:, :, start + cols, cols] = 1.0
-        probe_values = family._values_for(probe, {**values, "q": torch.zeros_like(q), "v": one_hot})
+        probe_values = _values_for(probe, {**values, "q": torch.zeros_like(q), "v": one_hot})
         with torch.no_grad():
             _, outs = run(probe, impl, probe_values)
         keep[..., start:start + width] = (outs["o"][..., :width] != 0).cpu()
@@ -212,7 +214,7 @@ def _run_keep(case: Case, impl: Implementation, values: dict | None = None):
             values = case.materialise(backend.device())
     if not _returns_keep(impl):
         train = _training(case)
-        _, outs = run(train, impl, _family()._values_for(train, values))
+        _, outs = run(train, impl, _values_for(train, values))
         return values, {**outs, "keep": _recovered_keep(case, impl, values)}
     with timed("kernel"):
         result = case.call(impl.fn, values)
@@ -258,10 +260,10 @@ def dropout_zero_is_plain(case: Case, impl: Implementation) -> None:
     more backward calls would double the check's cost on the interpreter, and a backward
     that differs at p = 0 shows in dropout_gradient_uses_keep's cases only if it drops."""
     assert case.params["dropout_p"] == 0.0
-    family, args = _family(), _through("seed")
-    zero = dataclasses.replace(case, args=args, params=family._complete(case.params, args, case.tensors))
+    args = _through("seed")
+    zero = dataclasses.replace(case, args=args, params=_complete(case.params, args, case.tensors))
     values, outs = run(zero, impl)
-    _, outs2 = run(family.with_params(case, dropout_p=0.0, seed=0), impl, values)
+    _, outs2 = run(with_params(case, dropout_p=0.0, seed=0), impl, values)
     what = f"dropout_p = 0 (seed {case.params['seed']}) != no dropout"
     for name in ("o", "lse"):
         assert_identical(name, outs[name], outs2[name], what)
@@ -324,13 +326,12 @@ def dropout_matches_reference(case: Case, impl: Implementation) -> None:
     values, outs = _run_keep(case, impl)
     q, k, v = (to_numpy(values[n]) for n in ("q", "k", "v"))
     keep = outs["keep"].cpu().numpy()
-    family = _family()
-    p, causal, window, extra = case.params["dropout_p"], case.params["causal"], family.window_of(case), \
-        family.mods(case, values)
+    p, causal, window, extra = case.params["dropout_p"], case.params["causal"], window_of(case), \
+        mods(case, values)
     with timed("reference"):
         o, lse = ref.attention(q, k, v, causal, case.params["sm_scale"], window, **extra, dropout_p=p, keep=keep)
     with timed("allowance"):
-        a_o, a_lse = rules.attention_dropout(q, k, v, o, lse, keep, p, causal, family._scale_of(case),
+        a_o, a_lse = rules.attention_dropout(q, k, v, o, lse, keep, p, causal, _scale_of(case),
                                              precision(impl, case), window, **extra)
     what = f"does not match the fp64 reference given the returned keep mask (dropout_p = {p:g})"
     assert_close("o", outs["o"], o, a_o, what=what, dtype=values["q"].dtype, record=False,
@@ -374,14 +375,14 @@ def dropout_training_call_equals_keep_call(case: Case, impl: Implementation) -> 
     than the one models run."""
     values, outs = _run_keep(case, impl)
     train = _training(case)
-    _, trained = run(train, impl, _family()._values_for(train, values))
+    _, trained = run(train, impl, _values_for(train, values))
     p, seed = case.params["dropout_p"], case.params["seed"]
     what = (f"the training call (return_keep=False) differs from the return_keep=True call with the same seed "
             f"{seed} (dropout_p = {p:g})")
     for name in ("o", "lse"):
         if not _identical(trained[name], outs[name]):
-            plain = _family().with_params(case, dropout_p=0.0, seed=0, return_keep=False)
-            _, undropped = run(plain, impl, _family()._values_for(plain, values))
+            plain = with_params(case, dropout_p=0.0, seed=0, return_keep=False)
+            _, undropped = run(plain, impl, _values_for(plain, values))
             if _identical(trained["o"], undropped["o"]):
                 what += ("; its o is bitwise the call without dropout: the training call applies no dropout "
                          "(dropout only when the mask is asked for)")
@@ -415,18 +416,17 @@ def dropout_gradients_match_reference(case: Case, impl: Implementation) -> None:
     outside the domain (``assume``); so is an example whose allowance would accept 0 for most
     elements of a gradient (vacuous: counted in the report's discards); the comparisons are
     recorded for the report. A gradient off by exactly the dropout's 1 / (1 - p) says so."""
-    family = _family()
     dtype = getattr(torch, case.dtype)
     with timed("inputs"):
         values = case.materialise(backend.device())
     names = ("q", "k", "v")
     inputs64 = {n: values[n].detach().to(torch.float64, copy=True) for n in (*names, "do")}
-    family._backward_sums_in_domain(case, *(inputs64[n] for n in (*names, "do")), None)
+    _backward_sums_in_domain(case, *(inputs64[n] for n in (*names, "do")), None)
     with torch.no_grad():
         _, with_keep = _run_keep(case, impl, dict(values))
     keep = with_keep["keep"].to(inputs64["q"].device)
-    p, causal, window, extra = case.params["dropout_p"], case.params["causal"], family.window_of(case), \
-        family.mods(case, values)
+    p, causal, window, extra = case.params["dropout_p"], case.params["causal"], window_of(case), \
+        mods(case, values)
     with timed("reference"):
         leaves = {n: inputs64[n].clone().requires_grad_(True) for n in names}
         o64, lse64 = ref.attention_torch(*(leaves[n] for n in names), causal, case.params["sm_scale"], window,
@@ -436,14 +436,14 @@ def dropout_gradients_match_reference(case: Case, impl: Implementation) -> None:
     with timed("allowance"):
         allowed = rules.attention_dropout_grad(*(inputs64[n] for n in (*names, "do")), o64.detach(), lse64.detach(),
                                                grads64["q"], grads64["k"], grads64["v"], keep, p, causal,
-                                               family._scale_of(case), precision(impl, case), window, **extra)
+                                               _scale_of(case), precision(impl, case), window, **extra)
     assume(max(float(np.max(a)) for a in allowed.values()) <= float(torch.finfo(dtype).max) / 8)
     expected = {n: to_numpy(grads64[n]) for n in names}
     assume(not any(allowance_mostly_vacuous(expected[n], allowed[f"d{n}"], dtype) for n in names))
     for n in names:
         values[n] = values[n].detach().requires_grad_(True)
     train = _training(case)
-    _, outs = run(train, impl, family._values_for(train, values))
+    _, outs = run(train, impl, _values_for(train, values))
     require_grad_fn(OPS["attention"], impl, outs)
     with timed("kernel"):
         got = dict(zip(names, torch.autograd.grad(outs["o"], [values[n] for n in names], values["do"])))
