@@ -325,7 +325,7 @@ def report_target(target: str, dtype: torch.dtype, check: str) -> ReportTarget:
 @contextlib.contextmanager
 def reported(report_target_: ReportTarget, case: Case):
     """Record the comparisons made inside (and the example's time) for the tolerance report,
-    when the run collects one (conftest.py sets the collector)."""
+    when the run collects one (the plugin sets the collector)."""
     from tritoncheck import harness
     collector = harness.collector()
     sink = collector.sink(report_target_, case) if collector is not None else None

@@ -5,22 +5,18 @@ suite. Runs under the Triton interpreter when there is no GPU (set before triton
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from tritoncheck import backend, registry
+from tritoncheck.controls import elementwise as controls
+from tritoncheck.kernels import elementwise as kmod
+from tritoncheck.kernels.elementwise import rope, swiglu
+from tritoncheck.references import elementwise as ref
 
-from tritoncheck import registry  # noqa: E402
-from tritoncheck.controls import elementwise as controls  # noqa: E402
-from tritoncheck.kernels import elementwise as kmod  # noqa: E402
-from tritoncheck.kernels.elementwise import rope, swiglu  # noqa: E402
-from tritoncheck.references import elementwise as ref  # noqa: E402
-
-DEVICE = torch.device("cpu" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "cuda")
+# the plugin chose the backend (TRITON_INTERPRET) before this module was imported
+DEVICE = backend.device()
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Loose smoke bounds, relative to the output's scale: fp32 compute, one rounding (or, for
 # bf16 under the interpreter, one truncation) on store.

@@ -6,22 +6,18 @@ Triton interpreter (CPU tensors).
 """
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 import pytest
 import torch
 
-if "triton" not in sys.modules and "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # must precede the first `import triton`
+from tritoncheck import backend
+from tritoncheck.controls import linear_attention as C
+from tritoncheck.kernels import linear_attention as K
+from tritoncheck.references import linear_attention as R
 
-from tritoncheck.controls import linear_attention as C  # noqa: E402
-from tritoncheck.kernels import linear_attention as K  # noqa: E402
-from tritoncheck.references import linear_attention as R  # noqa: E402
-
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-DEVICE = torch.device("cpu" if INTERPRET else "cuda")
+INTERPRET = backend.current() == "interpret"
+# the plugin chose the backend (TRITON_INTERPRET) before this module was imported
+DEVICE = backend.device()
 # loose smoke bounds, relative to max |reference| (bf16 under the interpreter truncates on store)
 BOUND = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 

@@ -5,21 +5,18 @@ suite. Runs under the Triton interpreter when there is no GPU (set before triton
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from tritoncheck import backend
+from tritoncheck.controls import losses as controls
+from tritoncheck.kernels import losses as kmod
+from tritoncheck.kernels.losses import cross_entropy
+from tritoncheck.references import losses as ref
 
-from tritoncheck.controls import losses as controls  # noqa: E402
-from tritoncheck.kernels import losses as kmod  # noqa: E402
-from tritoncheck.kernels.losses import cross_entropy  # noqa: E402
-from tritoncheck.references import losses as ref  # noqa: E402
-
-DEVICE = torch.device("cpu" if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") else "cuda")
+# the plugin chose the backend (TRITON_INTERPRET) before this module was imported
+DEVICE = backend.device()
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Loose smoke bounds (fp32 compute; the bf16 gradient store truncates under the interpreter).
 LOSS_TOL = 1e-4

@@ -6,25 +6,21 @@ bounds that catch a broken kernel, not a slightly inaccurate one.
 """
 from __future__ import annotations
 
-import os
 import sys
 
+import numpy as np
+import pytest
 import torch
 
-if "triton" not in sys.modules and not torch.cuda.is_available():
-    # Without the suite's conftest (which picks the backend first), run on the interpreter.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from tritoncheck import backend
+from tritoncheck.controls import norms as controls
+from tritoncheck.kernels import norms as kn
+from tritoncheck.kernels.norms import dropout_residual_layer_norm, layer_norm
+from tritoncheck.mutants import norms as mutants
+from tritoncheck.references import norms as refs
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from tritoncheck.controls import norms as controls  # noqa: E402
-from tritoncheck.kernels import norms as kn  # noqa: E402
-from tritoncheck.kernels.norms import dropout_residual_layer_norm, layer_norm  # noqa: E402
-from tritoncheck.mutants import norms as mutants  # noqa: E402
-from tritoncheck.references import norms as refs  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0") else "cpu"
+# the plugin chose the backend (TRITON_INTERPRET) before this module was imported
+DEVICE = backend.device()
 
 # Loose smoke bounds on max |y - ref| / (1 + max |ref|), per dtype. bf16 allows for the
 # interpreter's truncating fp32 -> bf16 store (one more bf16 unit than rounding).
@@ -346,7 +342,7 @@ def _rows_share_mask(fn):
 def _group_cap(fn):
     """The row-group cap of the module ``fn`` runs from (a mutant is its own module)."""
     mod = sys.modules[getattr(fn, "fn", fn).__module__]
-    return mod.MAX_GROUPS_CUDA if DEVICE == "cuda" else mod.MAX_GROUPS_INTERPRET
+    return mod.MAX_GROUPS_CUDA if DEVICE.type == "cuda" else mod.MAX_GROUPS_INTERPRET
 
 
 # Trigger per mutant -> a gap that is ~0 for the kernel itself and > threshold for the bug.

@@ -1,7 +1,7 @@
 """Which backend runs the kernels, and what each backend is known not to do.
 
 The Triton interpreter must be chosen before ``triton`` is first imported (it reads
-``TRITON_INTERPRET`` at import), so :func:`select` is called from ``conftest.py``'s
+``TRITON_INTERPRET`` at import), so :func:`select` is called from the plugin's
 ``pytest_configure``, before any test module (and so any kernel) is imported.
 This module itself never imports triton.
 """

@@ -1,4 +1,4 @@
-"""Run-wide settings chosen once per run by ``conftest.py`` (or a replay script).
+"""Run-wide settings chosen once per run by the plugin (``tritoncheck/plugin.py``) or a replay script.
 
 ``size`` scales the problem sizes the strategies draw: ``small`` keeps each example
 cheap enough for the Triton interpreter on a 2-core CI machine, ``large`` reaches

@@ -5,7 +5,7 @@ without a choice every one of them would use GPU 0 (CUDA's default device) and t
 other G - 1 GPUs would sit idle. Worker ``gw<i>`` takes GPU ``i % G``: workers spread
 round-robin, each GPU gets ``ceil(N / G)`` or ``floor(N / G)`` of them.
 
-The choice is made with ``torch.cuda.set_device`` in ``conftest.pytest_configure``,
+The choice is made with ``torch.cuda.set_device`` in the plugin's ``pytest_configure``,
 before any tensor is made on the GPU (``--impl`` imports the user's modules later in
 the same hook, and those may allocate at import). ``CUDA_VISIBLE_DEVICES`` is left
 alone: the suite's spawned children (the self-test's isolated hunts) and the

@@ -69,7 +69,7 @@ def as_implementation(m) -> Implementation:
 def _settings(examples: int) -> settings:
     # Health checks off, with reason: a hunt is a search for one failure of a planted bug
     # within a fixed budget, not a test of the strategies (tests/test_checks.py runs the
-    # same strategies with the health checks conftest.py keeps on); a mutant that makes
+    # same strategies with the health checks the plugin keeps on); a mutant that makes
     # every example slow, or a strategy's filters, must end in a verdict, not an error.
     return settings(max_examples=examples, derandomize=False, database=None, deadline=None, print_blob=False,
                     phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
