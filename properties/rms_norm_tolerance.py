@@ -31,12 +31,15 @@ from tritoncheck.oracle import to_numpy
 from tritoncheck.tolerance import EXP_ULPS, SAFETY, U32, Precision, float64_on, sum_error
 
 TINY32 = float(torch.finfo(torch.float32).tiny)
+SUB32 = TINY32 * float(torch.finfo(torch.float32).eps)  # fp32's subnormal spacing
 
 
-def _cast_unit(p: Precision) -> float:
-    """Relative rounding of the normalised row and of the products with it: the input
-    dtype's where it is rounded before the weight, fp32's otherwise."""
-    return p.store if p.rms_norm_cast == "before_weight" else p.compute
+def _cast_unit(p: Precision) -> tuple[float, float]:
+    """(relative, absolute) rounding of the normalised row and of the products with it
+    (g = w dy, dy t): the input dtype's unit and subnormal spacing p.floor where the
+    row is rounded before the weight, fp32's unit and nothing otherwise (fp32's own
+    underflow is in the p.floor terms every rule has)."""
+    return (p.store, p.floor) if p.rms_norm_cast == "before_weight" else (p.compute, 0.0)
 
 
 def input_error(h, p: Precision) -> torch.Tensor:
@@ -105,24 +108,29 @@ def rms_norm_grad(h, weight, dy, dx, dweight, eps: float, p: Precision, input_er
 
     x_hat carries eta and rstd eps_r (:func:`rms_norm_xhat`, with the input error of h
     for add_rms_norm: the gradient is evaluated at the rounded h the forward normalised).
-    g rounds (u_c |g|, u_c the cast unit: the input dtype's for ``"before_weight"``,
-    fp32's otherwise); c1 is a mean of n products: mean(|g| eta) + (sum_error(n) + 3u)
-    mean(|g x_hat|) + u_c mean(|g x_hat|). T = g - x_hat c1 errs by
-    u_c |g| + eta |c1| + (|x_hat| + eta) dc1 (the second-order eta dc1 kept, as in layer
+    g rounds (u_c |g| + f_c, u_c and f_c the cast's relative and absolute units: the input
+    dtype's and its subnormal spacing for ``"before_weight"``, fp32's and 0 otherwise; a
+    w dy of 1e-4 is subnormal in fp16, and rstd = 1e3 magnifies its rounding); c1 is a mean
+    of n products: mean(|g| eta) + (sum_error(n) + 3u) mean(|g x_hat|) + mean(|x_hat| (u_c |g|
+    + f_c)). T = g - x_hat c1 errs by u_c |g| + f_c + eta |c1| + (|x_hat| + eta) dc1 (the second-order eta dc1 kept, as in layer
     norm's rule, for rows where eta is not small) plus two roundings of each of its terms,
-    and dx = rstd T by rstd dT + (eps_r + u) |rstd T|. Adding dh rounds once more in
-    fp32: u (|rstd T| + |dh|).
+    and dx = rstd T by rstd dT + (eps_r + u) |rstd T|; plus the underflow of the expanded
+    form's rstd^3 (see the code). Adding dh rounds once more in
+    fp32: u (|rstd T| + |dh|); an unfused implementation rounds the gradient through the
+    normalisation to the input dtype before autograd adds dh to it there (both are
+    gradients of the same h): one more exact rounding, u(out) |rstd T| + p.floor, outside
+    SAFETY.
 
-    dweight: each row's term dy x_hat errs by |dy| (eta + u_c |x_hat|) (the normalised
-    row, rounded to the dtype for ``"before_weight"``) plus the product's rounding
-    u_c |dy x_hat|; the sum over the M rows in fp32 adds sum_error(M) sum |dy x_hat|.
-    Near underflow each rounded term may lose the dtype's subnormal spacing: M p.floor.
+    dweight: each row's term dy x_hat errs by |dy| (eta + u_c |x_hat| + f_c) (the
+    normalised row, rounded to the dtype for ``"before_weight"``) plus the product's
+    rounding u_c |dy x_hat| + f_c; the sum over the M rows in fp32 adds sum_error(M)
+    sum |dy x_hat|. Near underflow each stored term may lose p.floor: M p.floor.
 
     SAFETY on each bound; the store costs u(out) |result|; p.floor (dx: also a flushed
     w dy, times rstd).
     """
     u = p.compute
-    u_c = _cast_unit(p)
+    u_c, f_c = _cast_unit(p)
     h, weight, dy, dx, dweight = (float64_on(t) for t in (h, weight, dy, dx, dweight))
     eta, eps_r, r, xhat = rms_norm_xhat(h, eps, p, input_err)
     n = h.shape[-1]
@@ -130,18 +138,27 @@ def rms_norm_grad(h, weight, dy, dx, dweight, eps: float, p: Precision, input_er
     ag = g.abs()
     gx = (g * xhat).abs().mean(dim=-1, keepdim=True)
     c1 = (g * xhat).mean(dim=-1, keepdim=True)
-    dc1 = (ag * eta).mean(dim=-1, keepdim=True) + (float(sum_error(n, u)) + 3 * u + u_c) * gx
+    dc1 = ((ag * eta + xhat.abs() * f_c).mean(dim=-1, keepdim=True)
+           + (float(sum_error(n, u)) + 3 * u + u_c) * gx)
     t = g - xhat * c1
-    dt = u_c * ag + eta * c1.abs() + (xhat.abs() + eta) * dc1 + 2 * u * (ag + (xhat * c1).abs())
-    dx_bound = r * dt + (eps_r + u) * r * t.abs()
+    dt = u_c * ag + f_c + eta * c1.abs() + (xhat.abs() + eta) * dc1 + 2 * u * (ag + (xhat * c1).abs())
+    # Autograd through torch.rsqrt (the plain-PyTorch form) expands dx = rstd g - x rstd^3 mean(g x);
+    # rstd^3 and -0.5 rstd^3 sum(g x) fall below fp32's smallest subnormal on rows with
+    # mean(x^2) past ~1e30 (rstd < ~1e-15), which are in the domain: each errs by up to the
+    # subnormal spacing SUB32, times |x| mean|g x| = |x_hat| |c1| / rstd^2 and 2 |x| / N.
+    dx_bound = (r * dt + (eps_r + u) * r * t.abs()
+                + SUB32 * xhat.abs() * (c1.abs() / (r * r) + 2 / (n * r)))
+    through_h = 0.0
     if dh is not None:
         dx_bound = dx_bound + u * ((r * t).abs() + float64_on(dh).abs())
+        through_h = p.store * (r * t).abs() + p.floor
     rows = math.prod(h.shape[:-1])
     flat = lambda a: a.expand(h.shape).reshape(rows, n)  # noqa: E731
     ady, axhat = flat(dy).abs(), flat(xhat).abs()
     terms = (ady * axhat).sum(0)
-    dw_bound = (ady * (flat(eta) + u_c * axhat)).sum(0) + (u_c + float(sum_error(rows, U32))) * terms
+    dw_bound = ((ady * (flat(eta) + u_c * axhat + f_c)).sum(0) + (u_c + float(sum_error(rows, U32))) * terms
+                + rows * f_c)
     return {
-        "dx": to_numpy(SAFETY * dx_bound + p.store * dx.abs() + p.floor * (1 + r * weight.abs())),
+        "dx": to_numpy(SAFETY * dx_bound + p.store * dx.abs() + through_h + p.floor * (1 + r * weight.abs())),
         "dweight": to_numpy(SAFETY * dw_bound + p.store * dweight.abs() + rows * p.floor),
     }
