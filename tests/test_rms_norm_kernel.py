@@ -21,8 +21,9 @@ from tritoncheck.controls import rms_norm as controls  # noqa: E402
 from tritoncheck.kernels import rms_norm as kn  # noqa: E402
 from tritoncheck.kernels.rms_norm import add_rms_norm, rms_norm  # noqa: E402
 from tritoncheck.mutants import rms_norm as mutants  # noqa: E402
-from tritoncheck.mutation import Mutant  # noqa: E402
 from tritoncheck.references import rms_norm as refs  # noqa: E402
+
+from tritoncheck.mutation import Mutant  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0") else "cpu"
 
