@@ -29,6 +29,10 @@ def impl(op="softmax", **attributes):
     ({"supports_backwards": False}, ValueError, "did you mean 'supports_backward'"),
     ({"dtype": (torch.float16,)}, ValueError, "did you mean 'dtypes'"),
     ({"fp32_dot_precision": "IEEE"}, ValueError, "'tf32', 'tf32x3', 'ieee'"),
+    ({"rms_norm_cast": "llama"}, ValueError, "'after_weight', 'before_weight'"),
+    ({"rms_norm_casts": "before_weight"}, ValueError, "did you mean 'rms_norm_cast'"),
+    ({"batch_invariant": "yes"}, TypeError, "batch_invariant must be True or False"),
+    ({"batch_invariants": True}, ValueError, "did you mean 'batch_invariant'"),
     ({"supports_backward": "no"}, TypeError, "supports_backward must be True or False"),
     ({"dtypes": (torch.float64,)}, ValueError, "not dtypes of softmax"),
     ({"chunk_sizes": (0,)}, ValueError, "chunk_sizes"),
@@ -175,3 +179,4 @@ def test_the_readme_declarations_are_valid():
     assert softmax.expected_failure("deterministic", torch.float16) is None
     assert registry.Implementation.of("attention", namespace["flash_attention"]).limits
     assert registry.Implementation.of("rope", namespace["rope"]).limits.same_dtype == ("cos", "sin")
+    assert registry.Implementation.of("rms_norm", namespace["rms_norm"]).fn.rms_norm_cast == "before_weight"

@@ -24,6 +24,8 @@ what your function may declare about itself (attributes, validated when it is lo
   fn.limits = {"max_size": {"N": 65536}}   the domain it accepts: cases are drawn inside it
   fn.expected_failures = {...}          strict xfails scoped by check, dtype and backend
   fn.fp32_dot_precision = "ieee"        the tolerance for fp32 tl.dot ("tf32" is the CUDA default)
+  fn.rms_norm_cast = "before_weight"    an RMSNorm that rounds x * rstd before the weight (Llama/HF)
+  fn.batch_invariant = True             each row's outputs bitwise free of the other rows in the call
   (docs/contract.md lists them all)
 
 exit status: 0 every check passed; 1 a check failed (each failure prints the case in words

@@ -19,6 +19,10 @@ import torch
 
 BACKEND_NAMES = ("cuda", "interpret")
 DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
+# Where an RMSNorm rounds to the input dtype: "after_weight", once, from x * rstd * weight
+# computed in fp32 (Gemma and others; the default); "before_weight", x * rstd rounded to
+# the input dtype, then multiplied by the weight in it (Llama / Hugging Face).
+RMS_NORM_CASTS = ("after_weight", "before_weight")
 
 ATTRIBUTES = {
     "dtypes": "a tuple of torch dtypes of the op (float32, float16, bfloat16); others are skipped",
@@ -26,6 +30,10 @@ ATTRIBUTES = {
     "expected_failures": "a dict of check name (or (check, dtype or backend, ...)) to reason, or a tuple of "
                          "ExpectedFailure",
     "fp32_dot_precision": f"one of {', '.join(repr(p) for p in DOT_PRECISIONS)}: the precision of fp32 tl.dot",
+    "rms_norm_cast": f"one of {', '.join(repr(c) for c in RMS_NORM_CASTS)}: where an RMSNorm rounds to the input "
+                     "dtype (default 'after_weight'; the tolerance follows it)",
+    "batch_invariant": "True or False; True: each row's outputs are bitwise the same whatever other rows are in "
+                       "the call (the batch_invariant check holds it to that)",
     "bf16_dot_upcast": "True or False; True: bf16 is upcast before tl.dot (checked in bf16 on the interpreter)",
     "uses_triton": "True or False; False: plain PyTorch, no interpreter limits apply",
     "chunk_sizes": "a tuple of ints >= 1: the chunk_size keyword values the kernel accepts",
@@ -125,12 +133,15 @@ def check_attributes(fn: Callable, owner: str) -> None:
         if close:
             raise ValueError(f"{owner} has an attribute {name!r}, which the suite does not read; did you mean "
                              f"{close[0]!r} ({ATTRIBUTES[close[0]]})?")
-    for name in ("supports_backward", "bf16_dot_upcast", "uses_triton"):
+    for name in ("supports_backward", "bf16_dot_upcast", "uses_triton", "batch_invariant"):
         if hasattr(fn, name):
             _bool(owner, name, getattr(fn, name))
     precision = getattr(fn, "fp32_dot_precision", None)
     if precision is not None and precision not in DOT_PRECISIONS:
         raise ValueError(f"{owner}.fp32_dot_precision must be {ATTRIBUTES['fp32_dot_precision']}, got {precision!r}")
+    cast = getattr(fn, "rms_norm_cast", None)
+    if cast is not None and cast not in RMS_NORM_CASTS:
+        raise ValueError(f"{owner}.rms_norm_cast must be {ATTRIBUTES['rms_norm_cast']}, got {cast!r}")
     if hasattr(fn, "autotuned"):
         from tritoncheck.autotune_configs import autotuned_kernels  # imports triton: after the backend is chosen
         autotuned_kernels(fn)

@@ -26,7 +26,8 @@ UPSTREAM_FAMILIES = ("normal", "outlier", "constant")
 def precision(impl: Implementation, case: Case) -> Precision:
     dtype = getattr(torch, case.dtype)
     declared = getattr(impl.fn, "fp32_dot_precision", None)
-    return tolerance.declared_dot(Precision.of(dtype, backend.current(), declared), declared)
+    p = tolerance.declared_dot(Precision.of(dtype, backend.current(), declared), declared)
+    return tolerance.declared_cast(p, getattr(impl.fn, "rms_norm_cast", None))
 
 
 def rule_name(fn) -> str:
