@@ -55,6 +55,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+
 from tritoncheck.kernels.specialisation import unspecialised_jit
 
 __all__ = ["rms_norm", "add_rms_norm"]

@@ -7,7 +7,6 @@ Triggers are for the kernel's caps: ``BLOCK_N`` at most 64 under the interpreter
 from __future__ import annotations
 
 from tritoncheck.kernels import rms_norm as _k
-
 from tritoncheck.mutation import mutant
 
 _NO_EPS = [("rstd = 1.0 / tl.sqrt(ms + eps)\n", "rstd = 1.0 / tl.sqrt(ms)\n")]

@@ -16,8 +16,6 @@ import numpy as np
 import torch
 from hypothesis import assume
 from hypothesis import strategies as st
-from tritoncheck.properties import rms_norm_tolerance as rules
-from tritoncheck.references import rms_norm as ref
 
 from tritoncheck import backend
 from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
@@ -27,6 +25,8 @@ from tritoncheck.large_problem import LargeProblem, rows_past_int32
 from tritoncheck.large_problem import randn as large_randn
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
+from tritoncheck.properties import rms_norm_tolerance as rules
+from tritoncheck.references import rms_norm as ref
 from tritoncheck.registry import Check, Implementation, OpSpec, register
 from tritoncheck.strategies import Case, TensorSpec, sizes, special_values, tensors
 

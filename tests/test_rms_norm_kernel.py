@@ -6,26 +6,20 @@ fixed bounds that catch a broken kernel, not a slightly inaccurate one.
 """
 from __future__ import annotations
 
-import os
-import sys
-
+import numpy as np
+import pytest
 import torch
 
-if "triton" not in sys.modules and not torch.cuda.is_available():
-    # Without the suite's conftest (which picks the backend first), run on the interpreter.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from tritoncheck import backend
+from tritoncheck.controls import rms_norm as controls
+from tritoncheck.kernels import rms_norm as kn
+from tritoncheck.kernels.rms_norm import add_rms_norm, rms_norm
+from tritoncheck.mutants import rms_norm as mutants
+from tritoncheck.mutation import Mutant
+from tritoncheck.references import rms_norm as refs
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from tritoncheck.controls import rms_norm as controls  # noqa: E402
-from tritoncheck.kernels import rms_norm as kn  # noqa: E402
-from tritoncheck.kernels.rms_norm import add_rms_norm, rms_norm  # noqa: E402
-from tritoncheck.mutants import rms_norm as mutants  # noqa: E402
-from tritoncheck.references import rms_norm as refs  # noqa: E402
-
-from tritoncheck.mutation import Mutant  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0") else "cpu"
+# the plugin chose the backend (TRITON_INTERPRET) before this module was imported
+DEVICE = backend.device()
 
 # Loose smoke bounds on max |got - ref| / (1 + max |ref|), per dtype (bf16: the interpreter truncates stores).
 BOUND = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
