@@ -179,7 +179,8 @@ def account_refusals(target: Target, excinfo, report, item) -> None:
     refused = _collector.refusals_of(target.id) if _collector is not None else {}
     if not refused:
         return
-    if report.failed and excinfo is not None and excinfo.errisinstance(Unsatisfiable):
+    if report.failed and excinfo is not None and excinfo.errisinstance(Unsatisfiable) \
+            and not _collector.undeclared_of(target.id):  # undeclared ones never make a skip: it stays failed
         report.outcome = "skipped"
         report.longrepr = (str(item.path), item.location[1] or 0,
                            f"Skipped: every example was refused: {refusals.summarise(refused)}")
