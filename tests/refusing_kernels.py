@@ -3,11 +3,16 @@
 Each wraps a correct implementation (the project's kernel) or a planted bug (a
 mutant) behind the refusal a real wrapper makes: rows longer than a block limit,
 non-contiguous input, float32, head dims outside {16, 32, 64, 128}, causal=False,
-cos/sin in another dtype than x, dropout. The ``*_declared`` twins declare the same
-limits with ``fn.limits``. tests/test_refusals.py runs the suite on them with ``--impl``.
+cos/sin in another dtype than x, dropout. A refusal counts as one only when declared
+(tritoncheck/refusals.py): the ``*_refuses`` kernels declare their messages with
+``fn.refuses``, the ``*_refusal`` ones raise ``tritoncheck.Refusal``, the ``*_declared``
+twins declare the limits with ``fn.limits`` (nothing refused), and the bare ones declare
+nothing, so what they raise is a failure. tests/test_refusals.py runs the suite on them
+with ``--impl``.
 """
 import torch
 
+from tritoncheck import Refusal
 from tritoncheck.kernels.attention import attention as _attention
 from tritoncheck.kernels.elementwise import rope as _rope
 from tritoncheck.kernels.linear_attention import linear_attention as _linear_attention
@@ -28,6 +33,13 @@ def softmax_short_rows(x, temperature=1.0):
     return _short_rows(_softmax, x, temperature)
 
 
+def softmax_short_rows_refuses(x, temperature=1.0):
+    return _short_rows(_softmax, x, temperature)
+
+
+softmax_short_rows_refuses.refuses = r"rows of \d+ elements; this kernel takes at most"
+
+
 def softmax_short_rows_declared(x, temperature=1.0):
     return _short_rows(_softmax, x, temperature)
 
@@ -35,29 +47,45 @@ def softmax_short_rows_declared(x, temperature=1.0):
 softmax_short_rows_declared.limits = {"max_size": {"N": ROW_LIMIT}}
 
 
-def softmax_contiguous_only(x, temperature=1.0):
+def softmax_contiguous_only_refusal(x, temperature=1.0):
     if not x.is_contiguous() or x.storage_offset():
-        raise ValueError(f"x must be contiguous with no storage offset, got strides {x.stride()}")
+        raise Refusal(f"x must be contiguous with no storage offset, got strides {x.stride()}")
     return _softmax(x, temperature)
 
 
 def softmax_contiguous_only_declared(x, temperature=1.0):
-    return softmax_contiguous_only(x, temperature)
+    return softmax_contiguous_only_refusal(x, temperature)
 
 
 softmax_contiguous_only_declared.limits = {"contiguous": True}
 
 
-def softmax_no_float32(x, temperature=1.0):
+def softmax_no_float32_refusal(x, temperature=1.0):
     if x.dtype == torch.float32:
-        raise TypeError("x: float32 is not supported (float16 and bfloat16 only)")
+        raise Refusal("x: float32 is not supported (float16 and bfloat16 only)")
     return _softmax(x, temperature)
 
 
-def mutant_short_rows(x, temperature=1.0):
+_calls = []
+
+
+def softmax_first_call_only_refusal(x, temperature=1.0):
+    """Accepts the first input of the process and refuses every later one: Hypothesis
+    draws past 550 refusals (its own limit: 458 plus 100 per accepted example) and ends
+    with one counted example, a pass on one input unless the minimum stops it."""
+    if _calls:
+        raise Refusal("x: this kernel has already run once")
+    _calls.append(x.shape)
+    return _softmax(x, temperature)
+
+
+def mutant_short_rows_refuses(x, temperature=1.0):
     """A planted bug (padded lanes loaded as 0, not -inf) behind the row limit: the
     refusals must not hide it inside the accepted domain."""
     return _short_rows(_padded_lanes_zero.fn, x, temperature)
+
+
+mutant_short_rows_refuses.refuses = softmax_short_rows_refuses.refuses
 
 
 def mutant_short_rows_declared(x, temperature=1.0):
@@ -67,7 +95,8 @@ def mutant_short_rows_declared(x, temperature=1.0):
 mutant_short_rows_declared.limits = {"max_size": {"N": ROW_LIMIT}}
 
 
-def attention_narrow(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
+def attention_narrow_refuses(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None,
+                             softcap=0.0):
     if q.shape[-1] not in HEAD_DIMS:
         raise ValueError(f"q: head dim {q.shape[-1]} is not one of {HEAD_DIMS}")
     if not causal:
@@ -75,8 +104,11 @@ def attention_narrow(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alib
     return _attention(q, k, v, causal, sm_scale, window, alibi_slopes, softcap)
 
 
+attention_narrow_refuses.refuses = (r"head dim \d+ is not one of", r"causal=False is not implemented")
+
+
 def attention_narrow_declared(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
-    return attention_narrow(q, k, v, causal, sm_scale, window, alibi_slopes, softcap)
+    return attention_narrow_refuses(q, k, v, causal, sm_scale, window, alibi_slopes, softcap)
 
 
 attention_narrow_declared.limits = {"sizes": {"D": HEAD_DIMS}, "values": {"causal": (True,)}}
@@ -96,14 +128,17 @@ def attention_inference_declared(q, k, v, causal=False, sm_scale=None, window=(-
 attention_inference_declared.limits = {"values": {"dropout_p": (0.0,)}}
 
 
-def rope_same_dtype(x, cos, sin):
+def rope_same_dtype_refuses(x, cos, sin):
     if cos.dtype != x.dtype or sin.dtype != x.dtype:
         raise TypeError(f"cos/sin must have x's dtype {x.dtype}, got {cos.dtype} and {sin.dtype}")
     return _rope(x, cos, sin)
 
 
+rope_same_dtype_refuses.refuses = r"cos/sin must have x's dtype"
+
+
 def rope_same_dtype_declared(x, cos, sin):
-    return rope_same_dtype(x, cos, sin)
+    return rope_same_dtype_refuses(x, cos, sin)
 
 
 rope_same_dtype_declared.limits = {"same_dtype": ("cos", "sin")}

@@ -127,13 +127,45 @@ def test_what_a_refusal_is():
     def refuses(x):
         raise ValueError("x: too long")
 
-    with pytest.raises(refusals.Refusal, match="ValueError: x: too long"):
+    with pytest.raises(refusals.Refused, match="ValueError: x: too long") as info:
         refusals.call(refuses, [1], {})
+    assert not info.value.declared  # a ValueError alone says nothing about intent
     for exc in (AssertionError("wrong"), RuntimeError("CUDA error: misaligned address"), KeyError("k")):
         with pytest.raises(type(exc)):
             refusals.call(lambda x, e=exc: _raise(e), [1], {})
     with pytest.raises(TypeError):  # a signature that does not take the contract's arguments
         refusals.call(lambda x: x, [1, 2], {})
+
+
+def test_a_declared_refusal_is_a_refusal_class_or_a_declared_message():
+    def raises_refusal(x):
+        raise refusals.Refusal("x: rows past 64")
+
+    def raises_declared(x):
+        raise RuntimeError("FlashAttention only supports head dimension at most 256")
+
+    raises_declared.refuses = (RuntimeError, r"only supports head dimension")
+
+    def raises_other(x):
+        raise TypeError("softmax() got an unexpected keyword argument 'dtpye'")
+
+    raises_other.refuses = r"rows of \d+ elements"
+    for fn, declared in ((raises_refusal, True), (raises_declared, True), (raises_other, False)):
+        with pytest.raises(refusals.Refused) as info:
+            refusals.call(fn, [1], {})
+        assert info.value.declared is declared, fn.__name__
+
+
+@pytest.mark.parametrize("value,words", [
+    (".*", "matches any message"), ((AssertionError, "x"), "never a refusal"), (3, "must be a message pattern"),
+    ("(", "not a regular expression")])
+def test_a_bad_refuses_declaration_is_an_error_naming_it(value, words):
+    def kernel(x, temperature=1.0):
+        return x
+
+    kernel.refuses = value
+    with pytest.raises((TypeError, ValueError), match=words):
+        registry.Implementation.of("softmax", kernel, name="kernel")
 
 
 def test_an_error_inside_triton_is_not_a_refusal():
@@ -150,7 +182,7 @@ def test_an_error_inside_triton_is_not_a_refusal():
 
     with pytest.raises(Exception) as info:
         refusals.call(wrapper, [torch.zeros(4)], {})
-    assert not isinstance(info.value, refusals.Refusal), info.value
+    assert not isinstance(info.value, refusals.Refused), info.value
 
 
 def test_messages_are_deduplicated_up_to_their_numbers():

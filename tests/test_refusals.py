@@ -1,6 +1,8 @@
 """Refusals and declared limits, end to end: correct kernels that refuse part of the
-domain pass (with and without declaring it), and the same refusals in front of a
-planted bug inside the accepted domain still fail.
+domain on purpose pass when they say so (fn.limits, fn.refuses, tritoncheck.Refusal),
+the same exceptions undeclared fail with their traceback (a typo's TypeError looks
+exactly like a refusal), the same refusals in front of a planted bug inside the
+accepted domain still fail, and a test that too few examples reached is not passed.
 
 Each run is the suite itself (``tests/test_checks.py --impl ...``) in a child
 pytest, narrowed to one op, one dtype and few examples; several implementations of
@@ -18,15 +20,15 @@ ROOT = Path(__file__).resolve().parents[1]
 MODULE = "tests.refusing_kernels"
 
 
-
-def run_suite(tmp_path: Path, op: str, impls: list[str], dtypes: list[str], *extra: str, examples: int = 6):
+def run_suite(tmp_path: Path, op: str, impls: list[str], dtypes: list[str], *extra: str, examples: int = 6,
+              module: str = MODULE):
     """Outcomes by test id ('passed', 'failed', 'skipped: <reason>') and the report."""
     xml = tmp_path / f"{op}.xml"
     cmd = [sys.executable, "-m", "pytest", "tests/test_checks.py", "-q", "-p", "no:randomly", "-p", "no:xdist",
            "--op", op, "--max-examples", str(examples), "--report-dir", str(tmp_path / "reports"),
            f"--junitxml={xml}", *extra]
     for impl in impls:
-        cmd += ["--impl", f"{op}={MODULE}:{impl}"]
+        cmd += ["--impl", f"{op}={module}:{impl}"]
     for dtype in dtypes:
         cmd += ["--dtype", dtype]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -52,12 +54,14 @@ def _refused(report: dict, impl: str) -> int:
 
 
 def test_softmax_refusals(tmp_path):
-    """Rows past 64, non-contiguous input, float32: correct kernels pass with and without
-    declaring it (undeclared, the refusals show in the report); a kernel refusing every
-    example is skipped, not passed; a planted bug behind the refusals still fails."""
-    impls = ["softmax_short_rows", "softmax_short_rows_declared", "softmax_contiguous_only",
-             "softmax_contiguous_only_declared", "softmax_no_float32", "mutant_short_rows",
-             "mutant_short_rows_declared"]
+    """Rows past 64, non-contiguous input, float32: correct kernels that declare their
+    refusals pass (declared by message or class, the refusals show in the report and
+    lead its summary; declared as limits, nothing is refused); undeclared, the same
+    ValueError fails with its traceback; a kernel refusing every example is skipped, not
+    passed; a planted bug behind the refusals still fails."""
+    impls = ["softmax_short_rows_refuses", "softmax_short_rows_declared", "softmax_contiguous_only_refusal",
+             "softmax_contiguous_only_declared", "softmax_no_float32_refusal", "mutant_short_rows_refuses",
+             "mutant_short_rows_declared", "softmax_short_rows"]
     outcomes, report, out = run_suite(tmp_path, "softmax", impls, ["float32"],
                                       "-k", "matches_reference or inputs_unchanged or rows_sum_to_one")
     for impl in impls[:4]:
@@ -67,24 +71,61 @@ def test_softmax_refusals(tmp_path):
             assert _refused(report, impl) == 0, "declared limits steer generation: nothing left to refuse"
             assert any(impl in k for k in report["limits"]), report["limits"]
         else:
-            assert _refused(report, impl) > 0, "the undeclared limit must show as refusals in the report"
-    assert "examples that did not count" in out
-    verdict = _outcome(outcomes, "softmax_no_float32", "matches_reference")
+            assert _refused(report, impl) > 0, "the declared refusals must show in the report"
+    assert "refusals per op and dtype" in out and "softmax/softmax_short_rows_refuses/float32: " in out, out[-3000:]
+    assert report["undeclared_refusals_per_test"] == {}, "every refusal counted here was declared"
+    verdict = _outcome(outcomes, "softmax_no_float32_refusal", "matches_reference")
     assert verdict.startswith("skipped: every example was refused"), verdict
     assert "float32 is not supported" in verdict
-    for impl in ("mutant_short_rows", "mutant_short_rows_declared"):
+    for impl in ("mutant_short_rows_refuses", "mutant_short_rows_declared"):
         assert _outcome(outcomes, impl, "matches_reference") == "failed", out[-3000:]
+    # the same ValueError, undeclared: the example fails with the exception and its traceback
+    assert _outcome(outcomes, "softmax_short_rows", "matches_reference") == "failed", out[-3000:]
+    assert "ValueError: x: rows of" in out and "not a declared refusal" in out, out[-3000:]
+    assert "raise ValueError(f\"x: rows of" in out, "the traceback's line that raised it"
 
 
 def test_refusals_fail_option(tmp_path):
-    outcomes, _, out = run_suite(tmp_path, "softmax", ["softmax_short_rows"], ["float32"], "--refusals=fail",
+    outcomes, _, out = run_suite(tmp_path, "softmax", ["softmax_short_rows_refuses"], ["float32"], "--refusals=fail",
                                  "-k", "matches_reference")
-    assert _outcome(outcomes, "softmax_short_rows", "matches_reference") == "failed", out[-3000:]
+    assert _outcome(outcomes, "softmax_short_rows_refuses", "matches_reference") == "failed", out[-3000:]
     assert "refused the input: ValueError: x: rows of" in out
 
 
+def test_the_typo_is_a_failure_with_its_traceback(tmp_path):
+    """Issue 24: rows past 64 go through torch.softmax(..., dtpye=...), a TypeError on
+    every long row. Any TypeError used to be a refusal, discarded for --impl users:
+    every float32 check passed with 50-76 % of its examples lost. Now it fails each
+    check, naming the crash with its traceback; with --refusals=discard it is counted
+    as an undeclared refusal and fails the test past its share, naming it the same way."""
+    outcomes, report, out = run_suite(tmp_path, "softmax", ["softmax"], ["float32"], "-k",
+                                      "matches_reference or rows_sum_to_one", module="tests.demo_buggy")
+    for check in ("matches_reference", "rows_sum_to_one"):
+        assert _outcome(outcomes, "softmax", check) == "failed", out[-3000:]
+    assert "TypeError: softmax() got an unexpected keyword argument 'dtpye'" in out, out[-3000:]
+    assert "demo_buggy.py" in out and "# the typo: dtpye" in out, "the traceback, down to the line"
+    assert "not a declared refusal" in out and "tritoncheck.Refusal" in out
+    outcomes, report, out = run_suite(tmp_path, "softmax", ["softmax"], ["float32"], "--refusals=discard", "-k",
+                                      "matches_reference", module="tests.demo_buggy")
+    assert _outcome(outcomes, "softmax", "matches_reference") == "failed", out[-3000:]
+    assert "raised undeclared refusals, more than 20%" in out, out[-3000:]
+    assert "dtpye" in out and "Traceback (most recent call last)" in out and "# the typo: dtpye" in out, out[-3000:]
+    assert sum(report["undeclared_refusals_per_test"]["softmax-softmax-float32-matches_reference"].values()) > 0
+    assert "(0 undeclared)" not in out and " undeclared): " in out, "the summary leads with the refusals"
+
+
+def test_a_test_too_few_examples_reached_is_not_passed(tmp_path):
+    """One input accepted, every later one refused (declared): Hypothesis stops after its
+    own limit of discards with one counted example. The minimum (half of 6) fails it."""
+    outcomes, report, out = run_suite(tmp_path, "softmax", ["softmax_first_call_only_refusal"], ["float32"],
+                                      "-k", "matches_reference")
+    assert _outcome(outcomes, "softmax_first_call_only_refusal", "matches_reference") == "failed", out[-3000:]
+    assert "not reached: 1 example(s) counted, fewer than the minimum of 3" in out, out[-3000:]
+    assert "this kernel has already run once" in out
+
+
 def test_attention_head_dims_and_causal_only(tmp_path):
-    outcomes, report, out = run_suite(tmp_path, "attention", ["attention_narrow", "attention_narrow_declared",
+    outcomes, report, out = run_suite(tmp_path, "attention", ["attention_narrow_refuses", "attention_narrow_declared",
                                                               "attention_inference_declared"],
                                       ["float32"], "-k", "matches_reference or key_permutation_invariant or dropout",
                                       examples=4)
@@ -92,17 +133,17 @@ def test_attention_head_dims_and_causal_only(tmp_path):
     assert _refused(report, "attention_narrow_declared") == 0
     # key_permutation_invariant needs causal=False, which the declared limits exclude: skipped with that reason
     assert "declared limits exclude" in _outcome(outcomes, "attention_narrow_declared", "key_permutation_invariant")
-    # undeclared: what it accepts passes, or (every drawn case refused) it is skipped, never failed
-    undeclared = _outcome(outcomes, "attention_narrow", "matches_reference")
+    # refusals declared by message: what it accepts passes, or (every drawn case refused) it is skipped, never failed
+    undeclared = _outcome(outcomes, "attention_narrow_refuses", "matches_reference")
     assert undeclared == "passed" or undeclared.startswith("skipped: every example was refused"), undeclared
-    assert _outcome(outcomes, "attention_narrow", "key_permutation_invariant").startswith(
+    assert _outcome(outcomes, "attention_narrow_refuses", "key_permutation_invariant").startswith(
         "skipped: every example was refused")
-    # dropout: a signature that stops before dropout_p (attention_narrow, written before it) makes every
+    # dropout: a signature that stops before dropout_p (attention_narrow_refuses, written before it) makes every
     # dropout check not applicable, skipped with the reason; a kernel that takes the arguments and declares
     # dropout_p in (0.0,) runs dropout_zero_is_plain and skips the others with the limit
     later = ("dropout_seed_reproducible", "dropout_keep_iid", "dropout_matches_reference", "dropout_gradient_uses_keep")
     for check in ("dropout_zero_is_plain",) + later:
-        verdict = _outcome(outcomes, "attention_narrow", check)
+        verdict = _outcome(outcomes, "attention_narrow_refuses", check)
         assert verdict.startswith("skipped: not applicable") and "dropout_p" in verdict, verdict
     assert _outcome(outcomes, "attention_inference_declared", "dropout_zero_is_plain") == "passed", out[-3000:]
     for check in later:
@@ -112,12 +153,12 @@ def test_attention_head_dims_and_causal_only(tmp_path):
 
 
 def test_rope_tables_in_x_dtype_only(tmp_path):
-    outcomes, report, out = run_suite(tmp_path, "rope", ["rope_same_dtype", "rope_same_dtype_declared"],
+    outcomes, report, out = run_suite(tmp_path, "rope", ["rope_same_dtype_refuses", "rope_same_dtype_declared"],
                                       ["float16"], "-k", "matches_reference")
-    for impl in ("rope_same_dtype", "rope_same_dtype_declared"):
+    for impl in ("rope_same_dtype_refuses", "rope_same_dtype_declared"):
         assert _outcome(outcomes, impl, "matches_reference") == "passed", out[-3000:]
     assert _refused(report, "rope_same_dtype_declared") == 0
-    assert _refused(report, "rope_same_dtype") > 0
+    assert _refused(report, "rope_same_dtype_refuses") > 0
 
 
 def test_a_check_that_needs_an_excluded_value_is_skipped_up_front(tmp_path):

@@ -33,8 +33,8 @@ def test_mutant_killed(mutant, check):
     if absent:
         pytest.skip(absent)
     verdict = selfcheck.kill(mutant, check)
-    assert verdict.failed and not verdict.suite_bug, f"mutant {mutant.op}.{mutant.name} ({mutant.bug}) {verdict.text}"
-    print(f"\n{mutant.op}.{mutant.name} killed by {check} in {verdict.dtype}:\n{verdict.text}")
+    assert verdict.killed, f"mutant {mutant.op}.{mutant.name} ({mutant.bug}) {verdict.describe()}: {verdict.text}"
+    print(f"\n{mutant.op}.{mutant.name} killed by {check} in {verdict.dtype} ({verdict.exception}):\n{verdict.text}")
 
 
 @pytest.mark.parametrize("control,dtype,check", [
@@ -74,11 +74,13 @@ def test_isolated_turns_a_hang_into_a_failed_verdict(monkeypatch):
     monkeypatch.setattr(selfcheck, "ISOLATED_TIMEOUT_S", 1)
     verdict = selfcheck.isolated(time.sleep, 60)
     assert verdict.failed and "hung" in verdict.text
+    assert verdict.ending == selfcheck.HANG and not verdict.killed
 
 
 def test_isolated_turns_a_crash_into_a_failed_verdict_naming_the_signal():
     verdict = selfcheck.isolated(signal.raise_signal, signal.SIGSEGV)
     assert verdict.failed and "SIGSEGV" in verdict.text
+    assert verdict.ending == selfcheck.DIED and not verdict.killed
 
 
 def test_a_crash_verdict_names_its_case():
@@ -96,6 +98,27 @@ def test_a_crash_verdict_names_its_case():
     verdict = selfcheck.hunt(op, impl, check, torch.float32, 20)
     assert verdict.failed and verdict.text.startswith("RuntimeError: boom\non:\nsoftmax(x, temperature) in float32")
     assert f"x: shape {crashed[0]} float32" in verdict.text, verdict.text
+    assert (verdict.ending, verdict.exception, verdict.killed) == (selfcheck.CRASH, "RuntimeError", False)
+
+
+def test_a_check_failure_is_a_kill_and_names_its_exception():
+    from tritoncheck.mutants.softmax import padded_lanes_zero
+    verdict = selfcheck.kill(padded_lanes_zero, "rows_sum_to_one")
+    assert verdict.killed and (verdict.ending, verdict.exception) == (selfcheck.ASSERTION, "AssertionError"), \
+        verdict.text
+
+
+@pytest.mark.parametrize("name,exception", [("wrapper_index_error", "IndexError"), ("wrapper_assert", "AssertionError")])
+def test_a_mutant_that_merely_crashes_is_not_killed(name, exception):
+    """Every call of these mutants raises before any check compares anything (an
+    IndexError; an assert in the wrapper, an AssertionError that is not the check's): the
+    old self-test counted either as a kill by the check it names."""
+    import crashing_mutants
+    verdict = selfcheck.kill(getattr(crashing_mutants, name), "rows_sum_to_one")
+    assert verdict.failed and not verdict.killed, verdict.text
+    assert (verdict.ending, verdict.exception) == (selfcheck.CRASH, exception), verdict
+    assert verdict.text.startswith("survived rows_sum_to_one in ['float32', 'float16', 'bfloat16']"), verdict.text
+    assert f"crashed ({exception}) in float32, which is no kill" in verdict.text, verdict.text
 
 
 def test_an_invalid_allowance_is_a_suite_bug_not_a_kill():
@@ -107,7 +130,7 @@ def test_an_invalid_allowance_is_a_suite_bug_not_a_kill():
     op = OPS["softmax"]
     impl = registry.Implementation.of("softmax", lambda x, temperature=1.0: x, kind="user")
     verdict = selfcheck.hunt(op, impl, registry.Check("broken", nan_allowance), torch.float32, 5)
-    assert verdict.failed and verdict.suite_bug and "a broken rule" in verdict.text
+    assert verdict.failed and verdict.suite_bug and "a broken rule" in verdict.text and not verdict.killed
 
 
 @triton.jit

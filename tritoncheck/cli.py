@@ -22,6 +22,7 @@ what your function may declare about itself (attributes, validated when it is lo
   fn.dtypes = (torch.float16,)          only these dtypes; the others are skipped with the reason
   fn.supports_backward = False          no gradient checks
   fn.limits = {"max_size": {"N": 65536}}   the domain it accepts: cases are drawn inside it
+  fn.refuses = r"rows of \\d+ elements"    refusal messages raised on purpose (or raise tritoncheck.Refusal)
   fn.expected_failures = {...}          strict xfails scoped by check, dtype and backend
   fn.fp32_dot_precision = "ieee"        the tolerance for fp32 tl.dot ("tf32" is the CUDA default)
   fn.rms_norm_cast = "before_weight"    an RMSNorm that rounds x * rstd before the weight (Llama/HF)
@@ -49,7 +50,9 @@ def parser() -> argparse.ArgumentParser:
                         "100; the CUDA default), nightly (1000), dev")
     p.add_argument("--max-examples", type=int, default=None, metavar="N", help="examples per check")
     p.add_argument("--refusals", choices=("auto", "discard", "fail"), default="auto",
-                   help="what a ValueError/TypeError/NotImplementedError from your function on an input counts as")
+                   help="auto: a refusal your function declares (tritoncheck.Refusal, fn.refuses) is discarded and "
+                        "counted, any other exception fails with its traceback; discard: undeclared ones are "
+                        "counted too, up to a fifth of a test's examples; fail: every refusal fails")
     p.add_argument("--tolerance", choices=("derived", "parity"), default="derived",
                    help="derived allowances, or parity: also within 2x plain PyTorch's own error")
     p.add_argument("--report-dir", default="reports", help="where the report and the replay files go (./reports)")

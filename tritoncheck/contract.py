@@ -52,21 +52,34 @@ General rules, for every op:
 REFUSALS = """\
 ## Refusals
 
-An implementation may accept only part of the domain. A call that raises `ValueError`,
-`TypeError` or `NotImplementedError` out of the implementation, before it returns, has
-refused that input: the example is discarded, not failed. Refusals are counted per
-test, with their distinct messages (and how often each came), in the terminal table,
-the failure summary and every report; a test in which every example was refused is
-reported as skipped with the messages, never as passed. With `--refusals=fail` a
-refusal fails the test; the project's own kernels, planted bugs and controls run that way
-by default (they accept the whole contract, so a refusal from them is a bug).
+An implementation may accept only part of the domain, and says which part: a refusal is
+what it declares to be one (`tritoncheck/refusals.py`). Declared: raising
+`tritoncheck.Refusal` (a `ValueError`) or a subclass, out of the implementation before
+it returns; an exception that matches `fn.refuses` (message patterns for `ValueError`,
+`TypeError` and `NotImplementedError`, or `(exception type, pattern)` pairs); and the
+declared limits (below), which keep the refused inputs from being drawn at all. A
+declared refusal discards the example (another is drawn), and is counted per test and
+per op and dtype, with its distinct messages (and how often each came), at the head of
+the terminal summary and of every report and beside a failure; a test in which every
+example was refused is reported as skipped with the messages, never as passed. The
+project's own kernels, planted bugs and controls accept the whole contract: a refusal
+from them fails.
 
-Nothing else is a refusal: another exception, a CUDA error, a crash, an error raised
-inside Triton's compiler, launcher or interpreter, a `TypeError` from calling the
-function with the contract's arguments (a signature that does not follow it), a
-result of the wrong shape or dtype, a wrong or non-finite value, an error in the
-backward (the forward accepted the input), and an exception raised by the suite's own
-code around the call all fail.
+Everything else fails the example with its traceback, an undeclared `ValueError`,
+`TypeError` or `NotImplementedError` included (a typo's `TypeError` looks exactly like
+a refusal). With `--refusals=discard` undeclared ones are counted as refusals instead,
+and a test in which they took more than 20% of the examples fails, naming them and the
+first one's traceback; with `--refusals=fail` every refusal fails. Never a refusal,
+whatever is declared: an `AssertionError`, an error raised inside Triton's compiler,
+launcher or interpreter (unless declared by its type), a `TypeError` from calling the
+function with the contract's arguments (a signature that does not follow it), a result
+of the wrong shape or dtype, a wrong or non-finite value, an error in the backward (the
+forward accepted the input), and an exception raised by the suite's own code around the
+call.
+
+A test passes only if at least half of its examples counted (ran the check to the end,
+neither refused nor discarded by the check's preconditions); fewer fail it as not
+reached.
 """
 
 LIMITS = """\

@@ -12,12 +12,16 @@ run, where the interpreter runs programs in order, fail with XPASS).
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import torch
 
 BACKEND_NAMES = ("cuda", "interpret")
+# the exception types a wrapper declines an input with (tritoncheck/refusals.py): a refusal
+# when declared, a failure with its traceback otherwise
+REFUSAL_TYPES = (ValueError, TypeError, NotImplementedError)
 DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
 # Where an RMSNorm rounds to the input dtype: "after_weight", once, from x * rstd * weight
 # computed in fp32 (Gemma and others; the default); "before_weight", x * rstd rounded to
@@ -38,6 +42,9 @@ ATTRIBUTES = {
     "uses_triton": "True or False; False: plain PyTorch, no interpreter limits apply",
     "chunk_sizes": "a tuple of ints >= 1: the chunk_size keyword values the kernel accepts",
     "limits": "a dict of declared limits (docs/contract.md, Declared limits)",
+    "refuses": "a message pattern (regex) or a tuple of them, each a str (a ValueError, TypeError or "
+               "NotImplementedError whose message it matches is a declared refusal) or an (exception type, str) "
+               "pair (that type instead; never AssertionError)",
     "autotuned": "a tuple of the triton.autotune'd kernels it launches (tritoncheck/autotune_configs.py; "
                  "--autotune-config and benchmarks/autotune_sweep.py pin them)",
 }
@@ -120,6 +127,40 @@ def dtypes(op: Any, declared: Any, owner: str) -> tuple[torch.dtype, ...] | None
     return items
 
 
+def refuses(declared: Any, owner: str) -> tuple[tuple[tuple[type, ...], re.Pattern], ...]:
+    """Parse ``fn.refuses`` into (exception types, compiled pattern) pairs (see
+    :mod:`tritoncheck.refusals`). A pattern must name something: one that matches the
+    empty message (``""``, ``".*"``) would make every exception of its types a refusal,
+    a typo's ``TypeError`` included, which is what declaring refusals exists to stop."""
+    if declared is None:
+        return ()
+    entries = declared if isinstance(declared, (tuple, list)) and not _is_typed_entry(declared) else (declared,)
+    parsed = []
+    for entry in entries:
+        types, pattern = (entry if _is_typed_entry(entry) else (REFUSAL_TYPES, entry))
+        types = types if isinstance(types, tuple) else (types,)
+        if not isinstance(pattern, str) or not all(isinstance(t, type) and issubclass(t, Exception) for t in types):
+            raise TypeError(f"{owner}.refuses must be {ATTRIBUTES['refuses']}, got entry {entry!r}")
+        if any(issubclass(t, AssertionError) for t in types):
+            raise ValueError(f"{owner}.refuses: {entry!r} declares AssertionError, which is a failed check, "
+                             "never a refusal")
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"{owner}.refuses: {pattern!r} is not a regular expression ({exc})") from None
+        if compiled.search(""):
+            raise ValueError(f"{owner}.refuses: {pattern!r} matches any message; name the refusal's own words")
+        parsed.append((types, compiled))
+    return tuple(parsed)
+
+
+def _is_typed_entry(entry: Any) -> bool:
+    """An ``(exception type or types, pattern)`` pair."""
+    return (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str)
+            and (isinstance(entry[0], type) or (isinstance(entry[0], tuple) and entry[0]
+                                                and all(isinstance(t, type) for t in entry[0]))))
+
+
 def check_attributes(fn: Callable, owner: str) -> None:
     """Validate every known attribute's value, and reject an attribute whose name is a
     near miss of a known one (``supports_backwards``, ``dtype``). The cutoff 0.88 of
@@ -145,6 +186,7 @@ def check_attributes(fn: Callable, owner: str) -> None:
     if hasattr(fn, "autotuned"):
         from tritoncheck.autotune_configs import autotuned_kernels  # imports triton: after the backend is chosen
         autotuned_kernels(fn)
+    refuses(getattr(fn, "refuses", None), owner)
     chunks = getattr(fn, "chunk_sizes", None)
     if chunks is not None and (not isinstance(chunks, (tuple, list)) or not chunks or not all(
             isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in chunks)):

@@ -28,12 +28,16 @@ from tritoncheck.generic import rule_name
 from tritoncheck.limits import OutsideLimits
 from tritoncheck.oracle import recording
 from tritoncheck.poisoning import poisoned_allocations_for
-from tritoncheck.refusals import Refusal
+from tritoncheck.refusals import Refused
 from tritoncheck.registry import Check, Implementation, OpSpec
 from tritoncheck.strategies import Case
 
 RECORDED_CHECKS = ("matches_reference", "gradients_match_reference")
 _collector = None  # the run's report.Collector, set by the plugin
+# The fewest examples that must have counted (run the check to the end: neither discarded
+# by assume nor refused) for a test to pass, as a share of the run's max_examples; the
+# plugin states it per profile (tritoncheck/plugin.py MIN_COUNTED_SHARE) and sets it here.
+_min_counted: int | None = None
 
 
 def set_collector(collector) -> None:
@@ -44,6 +48,11 @@ def set_collector(collector) -> None:
 def collector():
     """The run's report collector (None outside a run of the plugin)."""
     return _collector
+
+
+def set_min_counted(n: int | None) -> None:
+    global _min_counted
+    _min_counted = n
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -101,16 +110,13 @@ class Target:
         except UnsatisfiedAssumption:
             invalid = True
             raise  # Hypothesis discards the example: not a failure, nothing to save
-        except Refusal as exc:
-            if refusals.refusals_fail(self.impl.kind, CONFIG.refusals):
-                path = save_failure(self, case)
-                raise AssertionError(
-                    f"{self.impl.name} refused the input: {exc.message}\n({self.impl.kind} implementations must "
-                    f"accept the whole contract; --refusals={CONFIG.refusals})\n{self.check.name} on:\n"
-                    f"{case.describe()}\nreplay: python -m tritoncheck.replay {path}") from None
+        except Refused as exc:
+            if refusals.refusal_fails(self.impl.kind, CONFIG.refusals, exc.declared):
+                self._fail_refusal(case, exc)
             refused = True
             if _collector is not None:
-                _collector.refuse(self, exc.message)
+                _collector.refuse(self, exc.message, declared=exc.declared,
+                                  traceback_text=None if exc.declared else exc.traceback_text())
                 self._skip_if_all_refused()
             reject()  # discarded: Hypothesis draws another example in its place
         except Exception as exc:
@@ -127,14 +133,40 @@ class Target:
             if _collector is not None:
                 _collector.count(self, invalid, refused, time.perf_counter() - start)
 
+    def _fail_refusal(self, case: Case, exc: Refused) -> None:
+        """A refusal that fails the example: the project's own implementations accept the
+        whole contract; a user's undeclared refusal is the exception it is, with its
+        traceback (``--refusals=discard`` counts it instead); ``--refusals=fail`` fails all."""
+        path = save_failure(self, case)
+        where = f"{self.check.name} on:\n{case.describe()}\nreplay: python -m tritoncheck.replay {path}"
+        if self.impl.kind != "user" or CONFIG.refusals == "fail":
+            raise AssertionError(
+                f"{self.impl.name} refused the input: {exc.message}\n({self.impl.kind} implementations must accept "
+                f"the whole contract; --refusals={CONFIG.refusals})\n{where}\n{exc.traceback_text()}") from None
+        original = exc.original
+        original.add_note(f"\nan exception out of {self.impl.name}, not a declared refusal: a failure. "
+                          f"{refusals.how_to_declare(self.impl.name)}.\n{where}")
+        raise original from None
+
     def _skip_if_all_refused(self) -> None:
         """Hypothesis would draw hundreds of cases before giving up on an implementation
         that refuses them all (each after the fp64 reference, for gradient checks): a
-        test with ALL_REFUSED_AFTER refusals and no accepted example is skipped with them."""
+        test with ALL_REFUSED_AFTER refusals and no accepted example is skipped with them.
+        Only when they were all declared: an implementation that says it takes none of
+        this check's inputs is not checked by it, and says why; undeclared refusals
+        (--refusals=discard) fail instead (:func:`unearned_pass` says how)."""
         refused = _collector.refusals_of(self.id)
         n = sum(refused.values())
         # this example is refused but not yet counted (``count`` runs in run's ``finally``)
         if n >= refusals.ALL_REFUSED_AFTER and _collector.examples[self.id] + 1 == n + _collector.invalid[self.id]:
+            undeclared = _collector.undeclared_of(self.id)
+            if undeclared:
+                # pytest's outcome, not an AssertionError: Hypothesis would try to shrink
+                # a verdict that depends on the count, not on the example
+                pytest.fail(f"every example was refused ({n} drawn), {sum(undeclared.values())} of them by "
+                            f"undeclared refusals: {refusals.summarise(undeclared)}\n"
+                            f"{refusals.how_to_declare(self.impl.name)}\nthe first, with its traceback:\n"
+                            f"{_collector.first_traceback.get(self.id, '')}", pytrace=False)
             pytest.skip(f"every example was refused ({n} drawn): {refusals.summarise(refused)}")
 
 
@@ -147,13 +179,65 @@ def account_refusals(target: Target, excinfo, report, item) -> None:
     refused = _collector.refusals_of(target.id) if _collector is not None else {}
     if not refused:
         return
-    if report.failed and excinfo is not None and excinfo.errisinstance(Unsatisfiable):
+    if report.failed and excinfo is not None and excinfo.errisinstance(Unsatisfiable) \
+            and not _collector.undeclared_of(target.id):  # undeclared ones never make a skip: it stays failed
         report.outcome = "skipped"
         report.longrepr = (str(item.path), item.location[1] or 0,
                            f"Skipped: every example was refused: {refusals.summarise(refused)}")
         return
     report.sections.append(("refusals", f"{sum(refused.values())} example(s) refused by the implementation: "
                                         f"{refusals.summarise(refused, limit=10)}"))
+
+
+def unearned_pass(target: Target, exhausted: bool = False) -> str | None:
+    """Why ``target``'s test must fail although every example that ran passed, or None:
+    most examples were vacuous (:func:`vacuity_failure`), undeclared refusals took more
+    than their share (:func:`undeclared_refusal_failure`), or too few examples counted
+    (:func:`below_min_counted`; ``exhausted``: Hypothesis tried every case there is)."""
+    problems = [p for p in (vacuity_failure(target), undeclared_refusal_failure(target),
+                            below_min_counted(target, exhausted)) if p]
+    return "\n".join(problems) or None
+
+
+def undeclared_refusal_failure(target: Target) -> str | None:
+    """Under ``--refusals=discard``: a test in which undeclared refusals took more than
+    ``refusals.UNDECLARED_SHARE_MAX`` of the examples fails, naming their messages and
+    the first one's traceback (the default, ``auto``, fails on the first one)."""
+    if _collector is None:
+        return None
+    undeclared = _collector.undeclared_of(target.id)
+    n, examples = sum(undeclared.values()), _collector.examples[target.id]
+    if not examples or n <= refusals.UNDECLARED_SHARE_MAX * examples:
+        return None
+    return (f"{target.id}: {n} of {examples} examples ({n / examples:.0%}) raised undeclared refusals, more than "
+            f"{refusals.UNDECLARED_SHARE_MAX:.0%}: {refusals.summarise(undeclared, limit=5)}\n"
+            f"{refusals.how_to_declare(target.impl.name)}\nthe first, with its traceback:\n"
+            f"{_collector.first_traceback.get(target.id, '')}")
+
+
+def below_min_counted(target: Target, exhausted: bool = False) -> str | None:
+    """A test in which fewer than the run's minimum of examples counted has not been
+    reached, and fails with where its examples went.
+
+    A failure, not a skip: every example that ran passed, but a pass on a handful of
+    examples says the check held on the stated budget when it was not run on it. The
+    cause is a broken promise either way: the suite's strategies drawing cases that its
+    own preconditions (assume) then discard, which must be fixed there, or an
+    implementation refusing nearly everything the check draws, which its declared
+    limits should have kept from being drawn. A skip would be counted beside the
+    skips that are right (a dtype the kernel does not take) and read as one. Not
+    applied when Hypothesis ran out of distinct cases (``exhausted``): then every case
+    there is was run."""
+    if _collector is None or _min_counted is None or exhausted:
+        return None
+    counted = _collector.counted(target.id)
+    if counted >= _min_counted:
+        return None
+    refused = _collector.refusals_of(target.id)
+    return (f"{target.id}: not reached: {counted} example(s) counted, fewer than the minimum of {_min_counted} "
+            f"(half the run's examples): of {_collector.examples[target.id]} run, {_collector.invalid[target.id]} "
+            f"were discarded by the check's preconditions (assume) and {sum(refused.values())} refused"
+            + (f" ({refusals.summarise(refused)})" if refused else ""))
 
 
 def vacuity_failure(target: Target) -> str | None:

@@ -17,6 +17,7 @@ name, replaces it and is loaded explicitly.
 """
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from pathlib import Path
@@ -50,11 +51,14 @@ SUPPRESSED = {
     # Cases are descriptions (shapes, seeds), never bulk data; the few large ones are
     # the multi-block sizes the suite exists to reach.
     HealthCheck.data_too_large: "large shapes are drawn on purpose (rows past every block)",
-    # Refusals (tritoncheck/refusals.py) are rejected examples: a kernel with a narrow,
-    # undeclared domain must end in a pass on what it accepts, or a skip that names its
-    # refusals, not in a health-check error. What assume() and refusals discard is
-    # printed per test (over report.DISCARD_SHOWN) in the terminal table instead.
-    HealthCheck.filter_too_much: "refusals and assume() discards are counted and printed per test",
+    # Hypothesis's filter_too_much judges the first draws only (50 discarded before 10
+    # kept) and ends the test in an error that names neither the refusals nor the
+    # preconditions. Its equivalent here judges the whole test: fewer counted examples
+    # than MIN_COUNTED_SHARE of the budget fail it as not reached, naming where the
+    # examples went (tritoncheck/harness.py below_min_counted), and undeclared refusals
+    # past their share fail it (UNDECLARED_SHARE_MAX); declared refusals are rejected
+    # examples and must end in a pass on what the kernel accepts, or a skip naming them.
+    HealthCheck.filter_too_much: "replaced by the minimum of counted examples per test (MIN_COUNTED_SHARE)",
     # the checks are one function parametrised over every (op, impl, dtype, check): its
     # executor is the Target, which differs by design.
     HealthCheck.differing_executors: "one parametrised test function runs every target",
@@ -65,6 +69,12 @@ _COMMON = dict(
     suppress_health_check=list(SUPPRESSED),
 )
 PROFILES = ("dev", "ci", "gpu", "nightly")
+# Per profile, the share of max_examples that must have counted (run the check to the end:
+# neither discarded by assume nor refused) for a test to pass; fewer fail it as not reached
+# (tritoncheck/harness.py below_min_counted). Half: dev and ci 10 of 20, gpu 50 of 100,
+# nightly 500 of 1000; --max-examples N: ceil(N / 2). Hypothesis itself stops only once
+# discards pass 458 + 100 per counted example, so a test can otherwise pass on one.
+MIN_COUNTED_SHARE = {"dev": 0.5, "ci": 0.5, "gpu": 0.5, "nightly": 0.5}
 settings.register_profile("dev", max_examples=20, **_COMMON)
 # Sized for the Triton interpreter on a 2-core CPU: small shapes (CONFIG.size),
 # derandomized so CI is reproducible. 20 examples: the checks take ~3.5 min with -n 2
@@ -89,9 +99,11 @@ def pytest_addoption(parser):
                     help="examples per test, overriding the profile's (sizes still follow the profile)")
     group.addoption("--list-ops", action="store_true", help="print the contract table of every op and exit")
     group.addoption("--refusals", choices=("auto", "discard", "fail"), default="auto",
-                    help="an implementation raising ValueError/TypeError/NotImplementedError on an input: discard "
-                         "the example (counted, shown), or fail; auto (default): fail for the project's own "
-                         "kernels, mutants and controls, discard for --impl implementations")
+                    help="a refusal: an implementation raising tritoncheck.Refusal or an error its fn.refuses "
+                         "declares (declared), or ValueError/TypeError/NotImplementedError (undeclared). discard: "
+                         "every refusal is counted and shown, a test past 20%% undeclared ones fails; fail: every "
+                         "refusal fails; auto (default): undeclared ones fail with their traceback, declared ones "
+                         "are discarded, and every refusal of the project's own kernels, mutants and controls fails")
     group.addoption("--shapes", type=int, default=None, metavar="N",
                     help="draw the dims kernels specialise or autotune on (head dims, heads, batch, last dims) from "
                          "a pool fixed for the run per (op, dtype, dim): the block boundaries and N other sizes; "
@@ -177,6 +189,8 @@ def pytest_configure(config):
         settings.register_profile(f"{profile}-capped", parent=settings.get_profile(profile),
                                   max_examples=config.getoption("--max-examples"))
         settings.load_profile(f"{profile}-capped")
+    from tritoncheck import harness
+    harness.set_min_counted(math.ceil(MIN_COUNTED_SHARE.get(profile, 0.5) * settings.default.max_examples))
     try:
         _configure_run(config, profile)
     except (ValueError, TypeError) as exc:  # a bad --impl, or a kernel's declarations that do not validate
@@ -318,12 +332,16 @@ class Session:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):
-        """A check whose examples all passed still fails when most of them were vacuous
-        (the allowance would have accepted 0: ``tritoncheck.harness.vacuity_failure``)."""
+        """A check whose examples all passed still fails when its pass was not earned:
+        most examples vacuous, undeclared refusals past their share, or fewer counted
+        examples than the minimum (``tritoncheck.harness.unearned_pass``)."""
         result = yield
         if item.get_closest_marker(CHECK):
             from tritoncheck import harness
-            problem = harness.vacuity_failure(item.callspec.params["target"])
+            # Hypothesis's statistics (set by its plugin's wrapper, inside this one) say
+            # when it stopped because there was no distinct case left to draw
+            exhausted = "nothing left to do" in getattr(item, "hypothesis_statistics", "")
+            problem = harness.unearned_pass(item.callspec.params["target"], exhausted)
             if problem:
                 pytest.fail(problem, pytrace=False)
         return result
@@ -377,6 +395,11 @@ class Session:
             return
         from tritoncheck import report
         tr, data = terminalreporter, self.report
+        refused = report.refusal_lines(data)
+        if refused:
+            tr.section("refusals per op and dtype")
+            for line in refused:
+                tr.write_line(line, yellow=True)
         if self.kills:
             tr.section("mutation self-test")
             for line in _kill_summary(self.kills):

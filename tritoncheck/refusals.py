@@ -1,42 +1,80 @@
-"""Refusals: an implementation declining an input it does not accept.
+"""Refusals: an implementation declining, on purpose, an input it does not accept.
 
-The contract says bad input raises ``ValueError`` or ``TypeError``; real kernels use
-the same errors (and ``NotImplementedError``) for inputs they do not cover (rows past a
-block limit, head dims they were not built for, tables in another dtype). Such an
-example says nothing about the kernel's numerics: it is discarded, not failed, and
-counted with its message, so that a kernel with a narrow domain is judged on what it
-accepts and the report says what it refused.
+A refusal is what the implementation says is one, never what an exception looks like:
+a ``TypeError`` from a typo (``torch.softmax(x, dtpye=...)``) and a ``ValueError`` from
+a wrapper that declines long rows are the same to an ``except`` clause. Declared, and
+so a refusal:
 
-What is a refusal is decided here, at the one place the suite calls an
-implementation (:meth:`tritoncheck.strategies.Case.call`): one of the three exception
-types, raised out of the implementation's own frames. Not a refusal: any other
-exception (a CUDA error, a crash, an ``AssertionError``); an error raised inside
-Triton's launch or compile machinery or its interpreter (a kernel that breaks, not a
-wrapper that declines); a ``TypeError`` from calling the function with the contract's
-arguments (its signature does not follow the contract); and anything raised after the
-implementation returned (a wrong result, the suite's own checks, the backward).
+- :class:`Refusal` (``tritoncheck.Refusal``, a ``ValueError``), or a subclass, raised
+  by the implementation: a wrapper written against the suite says so where it refuses;
+- an exception that matches ``fn.refuses`` (validated by
+  ``tritoncheck.declarations.refuses``): a message pattern for ``ValueError``,
+  ``TypeError`` and ``NotImplementedError``, or an ``(exception type, pattern)`` pair
+  for a kernel whose refusals it cannot change (an extension's ``RuntimeError``);
+- best of all ``fn.limits`` (tritoncheck/limits.py): the strategies draw inside it, so
+  nothing is refused and no example is lost.
+
+A ``ValueError``, ``TypeError`` or ``NotImplementedError`` raised out of the
+implementation's own frames that no declaration covers is an *undeclared* refusal. By
+default (``--refusals auto``) it fails the test with its traceback, as every other
+exception does; ``--refusals discard`` counts it as a refusal instead, but a test in
+which undeclared refusals took more than :data:`UNDECLARED_SHARE_MAX` of the examples
+fails, naming their messages and the first traceback (``harness.unearned_pass``), so
+that an undeclared refusal never makes a silent pass. Declared refusals are discarded
+(Hypothesis draws another example in their place) and counted; the project's own
+kernels, mutants and controls accept the whole contract, so under ``auto`` any refusal
+of theirs fails. ``--refusals fail`` fails every refusal, declared or not.
+
+Never a refusal, whatever the declarations say: an ``AssertionError``; an exception
+raised while binding the contract's arguments (a signature that does not follow the
+contract); and anything raised after the implementation returned (a wrong result, the
+suite's own checks, the backward). Never an undeclared refusal (so always a failure):
+any other exception type, and an error raised inside Triton's launch or compile
+machinery or its interpreter (a kernel that breaks, not a wrapper that declines).
 """
 from __future__ import annotations
 
 import functools
 import importlib.util
 import re
+import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-REFUSAL_TYPES = (ValueError, TypeError, NotImplementedError)
-MODES = ("auto", "discard", "fail")  # auto: fail for the project's own implementations, discard for users'
+MODES = ("auto", "discard", "fail")  # auto: fail for the project's own implementations, declared ones discarded for users'
 _OWNED = ("kernel", "mutant", "control")  # the project's: they accept the whole contract
+# Under --refusals discard, the share of a test's examples that undeclared refusals may
+# take before the test fails. Why a fifth: past it the refused inputs are not an edge of
+# the domain but a region the strategies draw routinely (the typo'd softmax of issue 24,
+# a TypeError on every row past 64, lost 50-76 % of each test's examples and passed), and
+# nothing says the region was refused on purpose. A kernel that refuses that much
+# declares it (fn.limits, fn.refuses, tritoncheck.Refusal) and is judged on the rest.
+UNDECLARED_SHARE_MAX = 0.2
 
 
-class Refusal(Exception):
-    """The implementation refused the input: ``message`` is its exception, in one line."""
+class Refusal(ValueError):
+    """Raise this (or a subclass) from an implementation to refuse an input on purpose:
+    the suite discards that example, counts it with its message and draws another. A
+    ``ValueError``, so a caller outside the suite sees the contract's bad-input error."""
 
-    def __init__(self, exc: BaseException):
+
+class Refused(Exception):
+    """What :func:`call` raises in place of a refusal. ``message``: the exception in one
+    line; ``declared``: whether a declaration covers it (:mod:`tritoncheck.refusals`);
+    ``original``: the exception itself, its traceback intact."""
+
+    def __init__(self, exc: BaseException, declared: bool):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         self.message = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        self.declared = declared
+        self.original = exc
         super().__init__(self.message)
+
+    def traceback_text(self, limit: int = 12) -> str:
+        """The original exception's traceback (its innermost ``limit`` frames), as printed."""
+        return "".join(traceback.format_exception(type(self.original), self.original,
+                                                  self.original.__traceback__, limit=-limit))
 
 
 @functools.cache
@@ -60,25 +98,49 @@ def _raised_in_triton(exc: BaseException) -> bool:
     return False
 
 
+def declared_refusal(exc: BaseException, refuses: tuple) -> bool:
+    """Whether ``exc`` is a refusal the implementation declared: a :class:`Refusal`, or
+    a match of one of its parsed ``fn.refuses`` entries ((exception types, pattern))."""
+    if isinstance(exc, AssertionError):
+        return False
+    return isinstance(exc, Refusal) or any(isinstance(exc, types) and pattern.search(str(exc))
+                                           for types, pattern in refuses)
+
+
 def call(fn: Callable, args: list, kwargs: dict) -> Any:
-    """``fn(*args, **kwargs)``; a refusal comes out as :class:`Refusal`."""
+    """``fn(*args, **kwargs)``; a refusal, declared or not, comes out as :class:`Refused`."""
     try:
         return fn(*args, **kwargs)
-    except REFUSAL_TYPES as exc:
+    except Exception as exc:
         here = exc.__traceback__
-        if here is None or here.tb_next is None or _raised_in_triton(exc):
+        if here is None or here.tb_next is None:
             # No frame of fn's own: raised while binding the arguments (a signature that
             # does not follow the contract, which no input can fix) or by a builtin we
-            # cannot look into. A frame in triton: a kernel that broke, not a refusal.
+            # cannot look into.
             raise
-        raise Refusal(exc) from exc
+        from tritoncheck.declarations import REFUSAL_TYPES, refuses  # the declarations import torch: on first use
+        if declared_refusal(exc, refuses(getattr(fn, "refuses", None), getattr(fn, "__name__", "fn"))):
+            raise Refused(exc, declared=True) from exc
+        if isinstance(exc, REFUSAL_TYPES) and not isinstance(exc, AssertionError) and not _raised_in_triton(exc):
+            # A frame in triton: a kernel that broke, not a wrapper that declined.
+            raise Refused(exc, declared=False) from exc
+        raise
 
 
-def refusals_fail(kind: str, mode: str) -> bool:
-    """Whether a refusal fails the test for an implementation of ``kind``."""
+def refusal_fails(kind: str, mode: str, declared: bool) -> bool:
+    """Whether a refusal (``declared`` or not) by an implementation of ``kind`` fails the
+    example: ``fail`` fails every refusal, ``discard`` none (undeclared ones then answer
+    to :data:`UNDECLARED_SHARE_MAX` at the end of the test), ``auto`` the project's own
+    implementations' and every undeclared one."""
     if mode not in MODES:
         raise ValueError(f"--refusals must be one of {', '.join(MODES)}, got {mode!r}")
-    return mode == "fail" or (mode == "auto" and kind in _OWNED)
+    return mode == "fail" or (mode == "auto" and (kind in _OWNED or not declared))
+
+
+def how_to_declare(name: str) -> str:
+    return (f"if {name} refuses such inputs on purpose, declare it: {name}.limits (the strategies then draw "
+            f"inside them), {name}.refuses (message patterns), or raise tritoncheck.Refusal; "
+            "--refusals=discard counts undeclared refusals instead (docs/contract.md, Refusals)")
 
 
 # Messages that differ only in their numbers ("rows of 1024", "rows of 2049") are one refusal.

@@ -29,6 +29,9 @@ class Collector:
         self.examples: dict[str, int] = defaultdict(int)  # test id -> examples run
         self.invalid: dict[str, int] = defaultdict(int)  # test id -> of which discarded by assume
         self.refused: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))  # id -> message -> n
+        # of which undeclared (tritoncheck/refusals.py), and the first one's traceback per test
+        self.undeclared: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        self.first_traceback: dict[str, str] = {}
         self.seconds: dict[str, list[float]] = defaultdict(list)  # test id -> each example's duration, in order
         # test id -> output -> [examples that compared it, of which mostly vacuous]
         self.vacuity: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
@@ -39,11 +42,23 @@ class Collector:
         if seconds is not None:
             self.seconds[target.id].append(seconds)
 
-    def refuse(self, target, message: str) -> None:
+    def refuse(self, target, message: str, declared: bool = True, traceback_text: str | None = None) -> None:
         self.refused[target.id][message] += 1
+        if not declared:
+            self.undeclared[target.id][message] += 1
+            if traceback_text:
+                self.first_traceback.setdefault(target.id, traceback_text)
 
     def refusals_of(self, test_id: str) -> dict[str, int]:
         return dict(self.refused.get(test_id, {}))
+
+    def undeclared_of(self, test_id: str) -> dict[str, int]:
+        return dict(self.undeclared.get(test_id, {}))
+
+    def counted(self, test_id: str) -> int:
+        """Examples of the test that ran its check to the end: neither discarded by a
+        precondition (assume) nor refused."""
+        return self.examples[test_id] - self.invalid[test_id] - sum(self.refused.get(test_id, {}).values())
 
     def sink(self, target, case):
         from tritoncheck import backend
@@ -73,6 +88,7 @@ class Collector:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{name}.json").write_text(json.dumps({"rows": self.rows, "examples": self.examples,
                                                            "invalid": self.invalid, "refused": self.refused,
+                                                           "undeclared": self.undeclared,
                                                            "seconds": self.seconds, "gpu": gpu}))
 
 
@@ -152,6 +168,7 @@ def _parity_summary(rows: list[dict]) -> dict:
 def merge(folder: Path) -> dict:
     rows, examples, invalid, seconds, gpu = [], defaultdict(int), defaultdict(int), {}, {}
     refused: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    undeclared: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for part in sorted((folder / "parts").glob("*.json")):
         data = json.loads(part.read_text())
         rows.extend(data["rows"])
@@ -162,11 +179,15 @@ def merge(folder: Path) -> dict:
         for k, messages in data.get("refused", {}).items():
             for msg, n in messages.items():
                 refused[k][msg] += n
+        for k, messages in data.get("undeclared", {}).items():
+            for msg, n in messages.items():
+                undeclared[k][msg] += n
         seconds.update(data.get("seconds", {}))  # a test runs in one process: its durations are in one part
         if data.get("gpu") is not None:  # the process's GPU ran every test of its part
             gpu.update({test: data["gpu"] for test in data["examples"]})
     return {"rows": rows, "examples": dict(examples), "invalid": dict(invalid),
-            "refused": {k: dict(v) for k, v in refused.items()}, "seconds": seconds, "gpu": gpu}
+            "refused": {k: dict(v) for k, v in refused.items()},
+            "undeclared": {k: dict(v) for k, v in undeclared.items()}, "seconds": seconds, "gpu": gpu}
 
 
 def timings(seconds: dict[str, list[float]]) -> dict[str, dict]:
@@ -235,6 +256,8 @@ def build(folder: Path, skipped: list[dict], meta: dict, limits: dict | None = N
         "examples_per_test": merged["examples"],
         "invalid_per_test": merged["invalid"],
         "refusals_per_test": merged["refused"],
+        "undeclared_refusals_per_test": merged["undeclared"],
+        "refusals_per_op_dtype": refusals_per_op_dtype(merged["examples"], merged["refused"], merged["undeclared"]),
         "limits": limits or {},
         "vacuous_per_test": _vacuous_per_test(merged["rows"]),
         "timing_per_test": timings(merged["seconds"]),
@@ -265,6 +288,34 @@ def table(report: dict) -> str:
     lines.append("vs torch: the kernel's max |error| / plain PyTorch's in the input dtype on the example closest to "
                  "failing ('-': PyTorch could not run there); the largest such ratio is in the report")
     return "\n".join(lines)
+
+
+def refusals_per_op_dtype(examples: dict[str, int], refused: dict[str, dict[str, int]],
+                          undeclared: dict[str, dict[str, int]]) -> list[dict]:
+    """Refusals summed per (op, implementation, dtype) over its checks' tests (ids
+    ``op-impl-dtype-check``), those with any first, with the messages: what the run did
+    not check, before any figure of what it did."""
+    groups: dict[tuple[str, str, str], dict] = {}
+    for test in sorted(set(examples) | set(refused)):
+        op, *impl, dtype, _check = test.split("-")
+        g = groups.setdefault((op, "-".join(impl), dtype), {"op": op, "impl": "-".join(impl), "dtype": dtype,
+                                                            "examples": 0, "refused": 0, "undeclared": 0,
+                                                            "messages": defaultdict(int)})
+        g["examples"] += examples.get(test, 0)
+        g["refused"] += sum(refused.get(test, {}).values())
+        g["undeclared"] += sum(undeclared.get(test, {}).values())
+        for msg, n in refused.get(test, {}).items():
+            g["messages"][msg] += n
+    return [{**g, "messages": dict(g["messages"])} for g in groups.values() if g["refused"]]
+
+
+def refusal_lines(report: dict) -> list[str]:
+    """One line per (op, implementation, dtype) with refusals: the terminal summary and
+    the markdown report lead with these."""
+    from tritoncheck.refusals import summarise
+    return [f"{g['op']}/{g['impl']}/{g['dtype']}: {g['refused']} of {g['examples']} examples refused "
+            f"({g['undeclared']} undeclared): {summarise(g['messages'], width=90)}"
+            for g in report.get("refusals_per_op_dtype", [])]
 
 
 DISCARD_SHOWN = 0.10  # a test whose examples were discarded more often than this is listed
@@ -383,6 +434,8 @@ def markdown(report: dict) -> str:
              "|error| to plain PyTorch's in the input dtype on the same input (PyTorch's error in brackets): on "
              "the example closest to failing, then the largest over the examples. Vacuous: elements whose allowance "
              "reached |expected| (0 would have passed) / examples in which most elements did.", "",
+             *(["## Refusals per op and dtype", "", *(f"- {line}" for line in refusal_lines(report)), "",
+                "## Tolerances", ""] if refusal_lines(report) else []),
              "| op | impl | dtype | output | examples | max abs | p99 abs | max rel | max ULP | headroom | vs torch | vacuous |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for o in report["outputs"]:
@@ -430,7 +483,10 @@ def html_page(report: dict) -> str:
                        for o in report["outputs"]])
     m = report["meta"]
     return _HTML.replace("{{TITLE}}", esc(f"Tolerance report: {m.get('backend')}, {m.get('device')}")) \
-        .replace("{{META}}", esc(json.dumps(m))).replace("{{ROWS}}", rows).replace("{{DATA}}", data) \
+        .replace("{{META}}", esc(json.dumps(m))) \
+        .replace("{{REFUSALS}}", ("<h2>Refusals per op and dtype</h2><ul>" + "".join(
+            f"<li>{esc(line)}</li>" for line in refusal_lines(report)) + "</ul>") if refusal_lines(report) else "") \
+        .replace("{{ROWS}}", rows).replace("{{DATA}}", data) \
         .replace("{{EXAMPLES}}", esc(_examples_line(report)).replace("`", "")
                  + (f"<pre>{esc(discard_table(report))}</pre>" if discard_rows(report) else "")
                  + "".join(f"<p>limits of <code>{esc(k)}</code>: {esc(v)}</p>"
@@ -465,6 +521,7 @@ _HTML = """<!doctype html><html><head><meta charset="utf-8"><title>{{TITLE}}</ti
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:nth-child(-n+4){text-align:left}
 canvas{border:1px solid #ddd;margin:8px 16px 8px 0}.legend span{margin-right:14px}</style></head><body>
 <h1>{{TITLE}}</h1><p><small>{{META}}</small></p>
+{{REFUSALS}}
 <h2>Headroom per output (largest error / allowed: above 1 fails; exact outputs, 0, draw no bar)</h2>
 <p class="legend"><span style="color:#1f77b4">&#9632; float32</span><span style="color:#d62728">&#9632; float16</span>
 <span style="color:#2ca02c">&#9632; bfloat16</span><span>&#9632; black: failed</span></p>

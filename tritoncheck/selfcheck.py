@@ -1,17 +1,24 @@
 """The suite checked against itself: planted bugs must die, correct code must live.
 
 A mutant (``mutants/``) is killed when a check it claims in ``kills`` fails on it
-for some dtype within the hunt's example budget. A control (an op record's ``controls``: correct
+for some dtype within the hunt's example budget, and fails by its own assertion: an
+``AssertionError`` raised in the check's code (the engine and ``properties/``). A
+crash (any other exception, an ``assert`` inside the kernel, Triton or torch, a
+refusal), a hang or the death of the process says the mutant broke, not that the
+check saw the bug: the verdict records it as such and it is no kill. A control (an op record's ``controls``: correct
 plain-PyTorch implementations in the input dtype) must pass every check in every
 dtype; a control that fails means a tolerance is too tight or a property is wrong.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import multiprocessing
+import os
 import signal
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
@@ -19,6 +26,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from tritoncheck import backend, registry
 from tritoncheck.oracle import InvalidAllowance
 from tritoncheck.poisoning import poisoned_allocations_for
+from tritoncheck.refusals import Refused
 from tritoncheck.registry import Check, Implementation, OpSpec
 
 # A mutant must die within this many examples (per dtype tried). With 60, a reseeded stream
@@ -34,12 +42,56 @@ CONTROL_EXAMPLES = 4
 ISOLATED_TIMEOUT_S = 300  # one mutant hunt in one dtype: ~10 s on a CI core; longer is a hang
 
 
+# What ended a hunt that did not pass (Verdict.ending): the check's own assertion, or not.
+ASSERTION, CRASH, HANG, DIED = "assertion", "crash", "hang", "died"
+
+
 @dataclass(frozen=True)
 class Verdict:
     failed: bool
     dtype: torch.dtype | None
     text: str
     suite_bug: bool = False  # failed on an invalid allowance (oracle.InvalidAllowance): never a kill
+    ending: str | None = None  # ASSERTION, CRASH, HANG or DIED when failed
+    exception: str | None = None  # the type of the exception that ended it (ASSERTION, CRASH)
+
+    @property
+    def killed(self) -> bool:
+        """Failed by the check's own assertion: the only failure that kills a mutant."""
+        return self.failed and not self.suite_bug and self.ending == ASSERTION
+
+    def describe(self) -> str:
+        """What ended the hunt, in words, for a report line."""
+        if not self.failed:
+            return "passed"
+        dtype = f" in {str(self.dtype).replace('torch.', '')}" if self.dtype is not None else ""
+        what = {ASSERTION: f"failed the check's assertion ({self.exception})", CRASH: f"crashed ({self.exception})",
+                HANG: "hung", DIED: "the process died"}.get(self.ending, "failed")
+        return ("suite bug: " if self.suite_bug else "") + what + dtype
+
+
+class _CheckFailed(AssertionError):
+    """The check's own assertion, told apart inside a hunt from any other exception."""
+
+
+def _suite_dirs() -> tuple[str, ...]:
+    from tritoncheck import properties
+    return tuple(f"{Path(m.__file__).resolve().parent}{os.sep}" for m in (registry, properties))
+
+
+def raised_by_check(exc: BaseException) -> bool:
+    """Whether ``exc`` is the check's own assertion: an ``AssertionError`` whose innermost
+    frame lies in the suite's check code (the engine, ``tritoncheck/``, or
+    ``properties/``). An ``assert`` in a kernel's wrapper, in Triton's interpreter or in
+    torch is the implementation breaking: a crash."""
+    if not isinstance(exc, AssertionError):
+        return False
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(Path(tb.tb_frame.f_code.co_filename).resolve()).startswith(_suite_dirs())
 
 
 def mutants() -> list:
@@ -108,21 +160,44 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
             crashed_on.append(case.describe())
             raise
         except AssertionError as exc:
-            raise AssertionError(f"{exc}\non:\n{case.describe()}") from None
+            if not raised_by_check(exc):
+                crashed_on.append(case.describe())
+                raise
+            raise _CheckFailed(f"{exc}\non:\n{case.describe()}") from None
         except Exception:
             crashed_on.append(case.describe())
             raise
 
     try:
         search()
-    except InvalidAllowance as exc:
-        return Verdict(True, dtype, f"{exc}\non:\n{crashed_on[0] if crashed_on else '?'}", suite_bug=True)
-    except AssertionError as exc:
-        return Verdict(True, dtype, str(exc))
-    except Exception as exc:  # a crash on valid input is a failure too
-        where = f"\non:\n{crashed_on[0]}" if crashed_on else ""
-        return Verdict(True, dtype, f"{type(exc).__name__}: {exc}{where}")
+    except BaseException as exc:  # noqa: BLE001 - Hypothesis groups distinct failures; KeyboardInterrupt goes on
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        return _verdict_of_failure(exc, dtype, crashed_on)
     return Verdict(False, dtype, "")
+
+
+def _verdict_of_failure(exc: BaseException, dtype: torch.dtype, crashed_on: list[str]) -> Verdict:
+    """The verdict of a hunt that raised ``exc``. Hypothesis raises a group when it found
+    distinct failures: the check's assertion among them kills, an invalid allowance
+    among them is a suite bug, the rest are crashes."""
+    # BaseExceptionGroup is a builtin from Python 3.11 (the exceptiongroup backport before)
+    grouped = getattr(exc, "exceptions", None) if type(exc).__name__.endswith("ExceptionGroup") else None
+    found = list(grouped) if grouped else [exc]
+    invalid = [e for e in found if isinstance(e, InvalidAllowance)]
+    if invalid:
+        return Verdict(True, dtype, f"{invalid[0]}\non:\n{crashed_on[0] if crashed_on else '?'}", suite_bug=True,
+                       ending=CRASH, exception=type(invalid[0]).__name__)
+    assertions = [e for e in found if isinstance(e, _CheckFailed)]
+    if assertions:
+        return Verdict(True, dtype, str(assertions[0]), ending=ASSERTION, exception="AssertionError")
+    # a crash on valid input fails a control; for a mutant it is no kill. A refusal is
+    # one too (the project's implementations accept the whole contract): named by the
+    # exception the implementation raised.
+    first = found[0]
+    first = first.original if isinstance(first, Refused) else first
+    where = f"\non:\n{crashed_on[0]}" if crashed_on else ""
+    return Verdict(True, dtype, f"{type(first).__name__}: {first}{where}", ending=CRASH, exception=type(first).__name__)
 
 
 def _configure(backend_name: str, size: str, tolerance: str) -> None:
@@ -137,7 +212,7 @@ def _verdict_of(fn, args) -> Verdict:
     try:
         return fn(*args)
     except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
-        return Verdict(True, None, f"{type(exc).__name__}: {exc}")
+        return Verdict(True, None, f"{type(exc).__name__}: {exc}", ending=CRASH, exception=type(exc).__name__)
 
 
 def _child(conn, backend_name: str, size: str, fn, args, tolerance: str = "derived") -> None:
@@ -198,14 +273,16 @@ class _ResidentChild:
         from tritoncheck.config import CONFIG
         self.conn.send((CONFIG.size, CONFIG.tolerance, torch.cuda.current_device(), fn, args))
         if not self.conn.poll(ISOLATED_TIMEOUT_S):  # a hang is a failure, never a stuck test run
-            return Verdict(True, None, f"did not finish in {ISOLATED_TIMEOUT_S} s: the process hung"), False
+            return Verdict(True, None, f"did not finish in {ISOLATED_TIMEOUT_S} s: the process hung",
+                           ending=HANG), False
         try:
             return self.conn.recv()
         except EOFError:
             self.process.join(5)
             code = self.process.exitcode or 0
             sig = signal.Signals(-code).name if code < 0 else f"exit {code}"
-            return Verdict(True, None, f"the process died ({sig}): an out-of-bounds access, or worse"), False
+            return Verdict(True, None, f"the process died ({sig}): an out-of-bounds access, or worse",
+                           ending=DIED), False
 
     def close(self) -> None:
         self.conn.close()
@@ -257,12 +334,12 @@ def isolated(fn, *args) -> Verdict:
     try:
         if not receive.poll(ISOLATED_TIMEOUT_S):  # a hang is a failure, never a stuck test run
             child.kill()
-            return Verdict(True, None, f"did not finish in {ISOLATED_TIMEOUT_S} s: the process hung")
+            return Verdict(True, None, f"did not finish in {ISOLATED_TIMEOUT_S} s: the process hung", ending=HANG)
         return receive.recv()
     except EOFError:
         child.join()
         sig = signal.Signals(-child.exitcode).name if (child.exitcode or 0) < 0 else f"exit {child.exitcode}"
-        return Verdict(True, None, f"the process died ({sig}): an out-of-bounds access, or worse")
+        return Verdict(True, None, f"the process died ({sig}): an out-of-bounds access, or worse", ending=DIED)
     finally:
         receive.close()
         child.join(5)
@@ -279,19 +356,29 @@ def _hunt_mutant(target: str, check_name: str, dtype_name: str, examples: int, b
 
 
 def kill(m, check_name: str) -> Verdict:
-    """Hunt mutant ``m`` with ``check_name`` in each dtype until one fails."""
+    """Hunt mutant ``m`` with ``check_name`` in each dtype until the check's assertion
+    fails (:attr:`Verdict.killed`). A crash, hang or death in one dtype is no kill: it
+    is kept, the next dtype is hunted, and a mutant that no assertion caught survives
+    with those endings in its text. A suite bug (an invalid allowance) stops the hunt."""
     op = registry.load()[m.op]
     check = {c.name: c for c in op.checks}.get(check_name)
     if check is None:
         return Verdict(False, None, f"{m.op} has no check {check_name!r}")
     impl = as_implementation(m)
-    tried = []
+    tried, broke = [], []
     for dtype in op.dtypes:
         if runnable(op, impl, check, dtype):
             continue
         tried.append(str(dtype).replace("torch.", ""))
         # the seed travels as an argument: a spawned child would import the module's default
         verdict = isolated(_hunt_mutant, m.target, check_name, tried[-1], HUNT_EXAMPLES, HUNT_SEED)
+        if verdict.killed or verdict.suite_bug:
+            return verdict  # test_mutant_killed reports a suite bug
         if verdict.failed:
-            return verdict  # a suite bug stops the hunt too, and test_mutant_killed reports it
-    return Verdict(False, None, f"survived {check_name} in {tried or 'no runnable dtype'}")
+            broke.append(verdict if verdict.dtype is not None else dataclasses.replace(verdict, dtype=dtype))
+    text = f"survived {check_name} in {tried or 'no runnable dtype'}"
+    if not broke:
+        return Verdict(False, None, text)
+    # failed, but not by the check: the first such ending is the verdict's, every one is in its text
+    text += "".join(f"\n{v.describe()}, which is no kill:\n{v.text}" for v in broke)
+    return dataclasses.replace(broke[0], text=text)
