@@ -51,6 +51,13 @@ row_stride_assumed = mutant(
         "Class: strides assumed contiguous. Trigger: a view whose rows are not packed "
         "(step-sliced or transposed leading dims).",
     kills=("matches_reference", "rows_independent"),
+    # On an H100 (Triton 3.6) every hunt's first transposed view read past the allocation: an
+    # illegal memory access, which breaks the process's CUDA context, so every later example
+    # crashes too and no check's assertion is reached (a crash is no kill). A user's kernel
+    # with this bug fails there all the same, by the crash.
+    only_on=(("interpret",), "on the GPU its wrong row starts read past the allocation (an illegal memory "
+                             "access, no check's assertion reached); the interpreter reads them and the checks see "
+                             "the wrong rows"),
 )
 
 backward_missing_inner = mutant(

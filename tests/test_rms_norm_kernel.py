@@ -248,6 +248,7 @@ def _batch_gap(fn, *extra):
     return float(differ)
 
 
+_PAST_ONE_BLOCK = (kn.MAX_BLOCK_N_CUDA if DEVICE.type == "cuda" else kn.MAX_BLOCK_N_INTERPRET) + 36
 MUTANT_TRIGGERS = {
     "rstd_without_eps": (lambda f: _fwd_gap(f, _rand((3, 37), seed=30, scale=1e-4), _rand((37,), seed=31)), 0.1),
     "mean_over_n_minus_1": (lambda f: _fwd_gap(f, _rand((3, 4), seed=32), _rand((4,), seed=33)), 0.1),
@@ -255,7 +256,9 @@ MUTANT_TRIGGERS = {
     "cast_before_weight": (lambda f: _fwd_gap(f, _rand((4, 40), torch.float16, seed=34),
                                               _rand((40,), torch.float16, seed=35, scale=3.0)), 1e-4),
     "eps_outside_sqrt": (lambda f: _fwd_gap(f, _rand((3, 37), seed=36, scale=1e-3), _rand((37,), seed=37)), 1e-3),
-    "weight_at_block_offset": (lambda f: _fwd_gap(f, _rand((2, 100), seed=38), _rand((100,), seed=39)), 0.1),
+    # rows past one column block: the GPU's blocks hold 4096 columns, the interpreter's 64
+    "weight_at_block_offset": (lambda f: _fwd_gap(f, _rand((2, _PAST_ONE_BLOCK), seed=38),
+                                                 _rand((_PAST_ONE_BLOCK,), seed=39)), 0.1),
     "batch_dependent_block": (lambda f: _batch_gap(f), 0.5),
     "add_residual_returned_in_fp32": (lambda f: _add_gap(f, torch.float16), 1.0),
     "add_dresidual_missing_dh": (lambda f: _add_gap(f, grads=True), 0.1),

@@ -179,7 +179,7 @@ def test_tests_after_a_broken_cuda_context_name_the_test_that_broke_it(tmp_path)
             assert torch.ones(1, device="cuda").item() == 1.0
     '''))
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:randomly", "-p", "no:xdist",
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "tritoncheck.plugin", "-p", "no:randomly", "-p", "no:xdist",
                            "-p", "no:cacheprovider", "--report-dir", str(tmp_path / "r"), str(tmp_path / "test_breaks.py")],
                           capture_output=True, text=True, timeout=300, cwd=root,
                           env={**os.environ, "PYTHONPATH": f"{root}:{root / 'tests'}"})
