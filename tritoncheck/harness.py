@@ -241,26 +241,29 @@ def below_min_counted(target: Target, exhausted: bool = False) -> str | None:
 
 
 def vacuity_failure(target: Target) -> str | None:
-    """Why ``target``'s test must fail although every example passed, or None.
+    """:func:`vacuous_test` for a registry check, naming the op's rule for the compared outputs."""
+    rule = target.op.grad_tolerance if target.check.name == "gradients_match_reference" else target.op.tolerance
+    return vacuous_test(target.id, rule_name(rule))
+
+
+def vacuous_test(test_id: str, rule: str) -> str | None:
+    """Why the test ``test_id`` must fail although every example passed, or None.
 
     The policy: an example is vacuous for an output when more than half of that
     output's counted elements would have accepted 0 (``Comparison.mostly_vacuous``);
     a test in which more than half of the examples that compared an output were
     vacuous for it has not shown that the output is right, so it fails, naming the
-    output and the tolerance rule. Fewer vacuous examples show in the report only
+    output and the tolerance ``rule``. Fewer vacuous examples show in the report only
     (``vacuous`` and ``vacuous_examples`` per output)."""
     if _collector is None:
         return None
-    problems = []
-    for output, (examples, vacuous) in sorted(_collector.vacuity.get(target.id, {}).items()):
-        if 2 * vacuous > examples:
-            rule = target.op.grad_tolerance if target.check.name == "gradients_match_reference" else target.op.tolerance
-            problems.append(
-                f"output {output!r}: {vacuous} of {examples} examples were vacuous (the allowance of "
-                f"{rule_name(rule)} reached |expected| in most elements, so an output of 0 would have passed)")
+    problems = [f"output {output!r}: {vacuous} of {examples} examples were vacuous (the allowance of {rule} "
+                "reached |expected| in most elements, so an output of 0 would have passed)"
+                for output, (examples, vacuous) in sorted(_collector.vacuity.get(test_id, {}).items())
+                if 2 * vacuous > examples]
     if not problems:
         return None
-    return (f"{target.id}: every example passed, but the check could not have failed in most of them:\n  "
+    return (f"{test_id}: every example passed, but the check could not have failed in most of them:\n  "
             + "\n  ".join(problems))
 
 
