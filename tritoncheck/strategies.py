@@ -97,20 +97,19 @@ def lengths(min_size: int, max_size: int, *, long_max: int, long_percent: int,
     65536 wide would never run its multi-block path. The long branch reaches past those
     whatever the kernel under test tiles with; drawn rarely, with the caller bounding
     the rows by an element budget, it keeps a CPU run short. The branch is chosen by an
-    integer in [0, 999]: the long one for 1..10 long_percent; 0 is the everyday branch,
-    so shrinking leaves the long one when it can. Not [0, 99] with 1..long_percent: an
-    integer in so small a range is where Hypothesis puts the literals it collects from the
-    loaded modules, and once the suite's modules held more of them (this round's), a
-    derandomized 300-draw run of softmax or layer_norm cases met no long row at all
-    (tests/test_strategies.py, with the whole test suite collected); a wider range with
-    a band ten times as wide keeps the share near ``long_percent`` whatever the literals."""
+    integer in [0, 999]: the long one in the top ``10 long_percent`` values, the everyday
+    one below (0 shrinks to it). Hypothesis draws such a small range evenly, but puts the
+    literals it collects from the loaded modules into it: the small ones (0..100) are
+    common in the suite's code and land in the everyday branch, so the long band sits at
+    the top, where the suite's literals are few. Not a 32-bit range: Hypothesis draws wide
+    integers with a bias to small magnitudes, which starves a band at the top."""
     everyday = sizes(min_size, max_size, blocks=blocks)
     if not 0 <= long_percent <= 100:
         raise ValueError(f"lengths: long_percent must be in [0, 100], got {long_percent}")
     if long_percent == 0 or long_max < LONG_FROM:
         return everyday
     long = sizes(max(min_size, LONG_FROM), long_max)
-    return st.integers(0, 999).flatmap(lambda r: long if 1 <= r <= 10 * long_percent else everyday)
+    return st.integers(0, 999).flatmap(lambda r: long if r >= 1000 - 10 * long_percent else everyday)
 
 
 # ---------------------------------------------------------------------------- layouts
