@@ -1,15 +1,10 @@
 """Tolerance rules of the attention family: o and lse of attention, and its gradients.
 
-The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
-their sources) are in :mod:`tritoncheck.tolerance`.
-
-The rules are evaluated in float64 torch on the device the suite runs on (the GPU when
-there is one), over blocks of query rows: a rule's cost is a few N x N products and
-reductions per head, which took 37-57 % of an attention example as NumPy on one host
-thread (docs/speed.md), and a block of rows keeps the N x N intermediates of long
-sequences within ROW_BLOCK_ELEMENTS per array. Every quantity of a query row depends on
-that row's scores only, except the per-key sums of the gradients (dk, dv), which add
-up over the blocks. Arguments may be NumPy arrays or torch tensors; results are NumPy.
+Pieces and notation: :mod:`tritoncheck.tolerance`. Evaluated in float64 torch on the
+suite's device, over blocks of query rows (the N x N intermediates of long sequences
+stay within ROW_BLOCK_ELEMENTS per array); a query row's quantities depend on its own
+scores only, except the per-key gradient sums (dk, dv), added up over the blocks.
+Arguments NumPy arrays or tensors, results NumPy.
 """
 from __future__ import annotations
 
@@ -70,11 +65,10 @@ def _repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 def _visible_max(prefix_max: torch.Tensor, whole_max: torch.Tensor, rows: slice, n_q: int, causal: bool,
                  window) -> torch.Tensor:
-    """[..., rows, D]: per query row, the largest x_j over the keys j it sees, or an upper
-    bound of it ([..., 1, D], every key) where the band has a lower edge. Rows see a prefix
-    of the keys (causal or right-bounded, left unbounded): a running max read at the row's
-    last key. Without a band: the max over all keys. Rows that see no key read key 0 (their
-    o is exactly 0, the bound is not needed)."""
+    """[..., rows, D]: per query row, the largest x_j over the keys j it sees: the running
+    max at its last key where it sees a prefix (causal or right-bounded), else the max over
+    all keys ([..., 1, D], an upper bound where the band has a lower edge). A row that
+    sees no key reads key 0 (its o is exactly 0)."""
     n_k = prefix_max.shape[-2]
     left, right = window
     if left >= 0 or (not causal and right < 0):
@@ -96,29 +90,24 @@ def attention_score_error(q, k, s, visible, scale: float, p: Precision, alibi_sl
     """Bound (SAFETY included) on the absolute error of each score s_ij, in natural units,
     as an exponent error of p_ij: eps_ij.
 
-    The dot q_i . k_j of D exact products accumulates in fp32 ((p.dot + sum_error(D)) times
-    scale sum_d |q_id k_jd|); the scaling (and the scale's own rounding, and log2(e) folded
-    into it) adds 2 u(fp32) |s_ij|. A plain PyTorch implementation forms q @ k^T and the
-    product with sm_scale in the input dtype, 2 u(dtype) |s_ij| more: the rule allows it
-    (as the softmax rule allows x / T rounded in the input dtype), so users' attention in
-    fp16 and bf16 passes; for the kernel (fp32 scores) this is slack of about
-    u(dtype) |s| in lse and, through score differences, in o. The exponent s_ij - m
-    (m <= the row max: online running maxima only get closer to s_ij) rounds
-    (u |s_ij - m|) and exp/exp2 adds EXP_ULPS u. Operands below the smallest normal:
-    DOT_READ_FLOOR scale (sum_d |q_id| + |k_jd|).
+    The dot q_i . k_j of D exact products accumulates in fp32: (p.dot + sum_error(D))
+    scale sum_d |q_id k_jd|; the scaling (the scale's rounding, log2(e) folded in) adds
+    2 u(fp32) |s_ij|. Plain PyTorch forms q @ k^T and the sm_scale product in the input
+    dtype: 2 u(dtype) |s_ij| more, allowed (as softmax allows x / T in the input dtype;
+    slack of about u(dtype) |s| for a kernel). The exponent s_ij - m (m <= the row max;
+    running maxima only get closer to s_ij) rounds (u |s_ij - m|), exp/exp2 adds
+    EXP_ULPS u. Operands below the smallest normal: DOT_READ_FLOOR scale (sum_d |q_id| + |k_jd|).
 
-    Softcap (s_c = c tanh(r / c) of the raw score r = scale q.k): the raw score's error
-    e_r above (with r for s, plus u |r| for r / c in fp32 and u(dtype) |r| for it in the
-    dtype) passes through the cap with the derivative 1 - tanh^2 <= 1 at some point
-    between r and r + e_r: at most g = 1 - tanh(max(0, |r| - e_r) / c)^2, the cap's effect
-    on the condition (a saturated score barely moves). Then tanh's own absolute error,
-    (2 EXP_ULPS + 7) u (tritoncheck.kernels.attention._tanh), times c; the product c t and the later
-    log2(e) product (u |s_c| each, and u |s_c| for the conversion of the scale path); in
-    the dtype, torch.tanh's rounding and the products: 3 u(dtype) |s_c|.
+    Softcap (s_c = c tanh(r / c), raw score r = scale q.k): r's error e_r as above (plus
+    u |r| for r / c in fp32 and u(dtype) |r| in the dtype) passes through the cap with
+    derivative 1 - tanh^2 at a point between r and r + e_r: at most
+    g = 1 - tanh(max(0, |r| - e_r) / c)^2 (a saturated score barely moves). Then tanh's
+    own absolute error (2 EXP_ULPS + 7) u (``kernels.attention._tanh``) times c; the
+    product c t, the log2(e) product and the scale path's conversion, u |s_c| each; in the
+    dtype, torch.tanh and the products: 3 u(dtype) |s_c|.
     ALiBi (s = s_c - slope |i + Nk - Nq - j|, slopes exact in fp32): slope * distance and
-    the subtraction round, u (|bias| + |s|) in fp32 and again in the dtype for a plain
-    implementation that adds the bias to scores in the input dtype; the bias is exact in
-    fp64 in the reference, so the fp32 slopes' own rounding does not count.
+    the subtraction round, u (|bias| + |s|) in fp32 and again in the dtype for plain
+    PyTorch; the reference takes the same fp32 slopes exactly, so their rounding does not count.
     """
     d = q.shape[-1]
     kt = k.transpose(-1, -2)
@@ -152,11 +141,10 @@ def _attention_parts(p: Precision):
     """(u_p, p_floor): the relative rounding of P (and dS) before their products, and the
     absolute rounding of a P or dS entry in the subnormal range.
 
-    FlashAttention kernels and plain PyTorch round P = softmax and dS to the input dtype
-    for fp16 / bf16 (this kernel: fp16 for float16; tf32 on the GPU, i.e. <= 2 u(tf32)
-    with truncation, fp32 in the interpreter, for bfloat16: both within u(bf16));
-    float32 products carry p.dot. Below the smallest normal the spacing is
-    tiny * eps of the dtype (fp16: 2^-24), or tiny(fp32) where a GPU flushes.
+    FlashAttention kernels and plain PyTorch round P and dS to the input dtype for fp16 /
+    bf16 (this kernel for bf16: tf32 on the GPU, <= 2 u(tf32) with truncation, fp32 in
+    the interpreter, both within u(bf16)); fp32 products carry p.dot. p_floor: the
+    dtype's subnormal spacing, or tiny(fp32) where a GPU flushes.
     """
     info = torch.finfo(p.dtype)
     u_p = unit_roundoff(p.dtype) if p.dtype in (torch.float16, torch.bfloat16) else p.dot
@@ -165,10 +153,9 @@ def _attention_parts(p: Precision):
 
 
 def attention_floor(p: Precision) -> float:
-    """p.floor, plus, under the Triton interpreter for bfloat16, one more smallest normal:
-    the interpreter's fp32 -> bf16 store maps fp32 subnormals to wrong bf16 values
-    (e.g. -1.42e-39 -> -1.10e-38, 3.0e-39 -> 1.8e-40, seen on Triton 3.9), an error up to
-    about tiny(bf16) on top of the value; p.floor (= tiny) alone is exceeded by a hair."""
+    """p.floor, doubled under the interpreter for bfloat16: its fp32 -> bf16 store maps
+    fp32 subnormals to wrong values up to about tiny(bf16) away (Triton 3.9:
+    -1.42e-39 -> -1.10e-38), just past p.floor = tiny alone."""
     if p.backend == "interpret" and p.dtype == torch.bfloat16:
         return 2 * p.floor
     return p.floor
@@ -193,8 +180,7 @@ def _same_key_as(ids: torch.Tensor, jstar: torch.Tensor) -> torch.Tensor:
 
 def _log_weights(s: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """log p_ij = (s_ij - m_i) - log sum_j exp(s_ij - m_i), -inf where masked. Not s - lse:
-    for scores of 1e16 and more lse = m + log(sum) rounds to m in fp64, and a row of equal
-    scores got log-weights 0 (weights 1, not 1/n)."""
+    for scores >= 1e16, lse = m + log(sum) rounds to m in fp64 (equal scores: weights 1)."""
     m = s.masked_fill(~visible, float("-inf")).amax(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, 0.0)
     d = torch.where(visible, s - m, float("-inf"))
@@ -277,18 +263,15 @@ def _forward_block(pb: _Problem, rows: slice, keep: torch.Tensor | None = None, 
     jstar = s.argmax(-1, keepdim=True)
     eps_star = torch.gather(eps, -1, jstar)
     top = torch.arange(s.shape[-1], device=s.device) == jstar
-    # A key whose row of k is the top key's, bit for bit, gets the same computed score
-    # (the same dot product of the same operands): its zeta_j is exactly 0. Not with
-    # ALiBi: the bias differs per key position, and so does its rounding (a bias of 0.5
-    # vanishes next to a capped score of 1e36 in fp32, for one key and not the other)
+    # A key whose row of k is the top key's, bit for bit, gets the same computed score:
+    # zeta_j = 0. Not with ALiBi: the bias, and its rounding, differ per key position.
     twin = _same_key_as(pb.key_ids, jstar) if pb.key_ids is not None else torch.zeros_like(visible)
     big_e = torch.where(visible & ~top & ~twin, eps + eps_star, 0.0)
-    # p_j (e^{E_j} - 1), formed in the log domain: p_j may underflow where e^{E_j}
-    # does not; exponents are clipped at 300 (the allowance is then capped anyway)
+    # p_j (e^{E_j} - 1) in the log domain (p_j may underflow where the product does not);
+    # exponents clipped at 300, where the allowance is capped anyway
     w = torch.where(visible, torch.exp((logp + big_e).clamp(max=300.0)), 0.0) - pr
-    # z bounds the perturbed normaliser from below; it includes p_max >= 1/n. With scores
-    # near 1e76 (bf16 q, k near max), s - lse loses every digit in fp64 and p_max can
-    # come out 0 (then z = 0 and the allowance inf); 1/n keeps the bound finite and true.
+    # z bounds the perturbed normaliser from below, with p_max >= 1/n: for scores near
+    # 1e76, fp64's p_max can come out 0, and 1/n keeps the bound finite and true
     z = torch.maximum(torch.maximum(torch.gather(pr, -1, jstar), 1.0 / n),
                       (pr * torch.exp(-big_e)).sum(-1, keepdim=True))
     if keep is None:
@@ -306,8 +289,8 @@ def _forward_block(pb: _Problem, rows: slice, keep: torch.Tensor | None = None, 
         sum_error(n, p.compute) + nb * p.compute * (EXP_ULPS + 2) + p.compute * (m - s_min)
         + p.compute * (2 * m.abs() + lse.abs() + (lse - m).abs() + EXP_ULPS)) \
         + float(torch.finfo(torch.float32).tiny)
-    # a row that sees no key is exact (o = 0, lse = -inf): allowance 0, never NaN (the
-    # terms above form -inf - -inf there), so sums of allowances over calls stay finite
+    # a row that sees no key is exact (o = 0, lse = -inf): allowance 0, not the NaN of
+    # -inf - -inf above, so sums of allowances stay finite
     sees = visible.any(-1)
     o_allowed = torch.where(sees[..., None], o_allowed, 0.0)
     lse_allowed = torch.where(sees, lse_allowed, 0.0)
@@ -321,13 +304,10 @@ def _plain_o_allowed(pb: _Problem, rows: slice, o, visible, pr, w, z, n, nb) -> 
     tiny = float(torch.finfo(p.dtype).tiny)
     av, ao = pb.av, o.abs()
     pv = pr @ av
-    # |v_j - o| <= |v_j - c| + |o - c| for any centre c of each value column; the
-    # midrange of the column keeps both small when the values share a large offset
-    # (o is then close to every v_j, and perturbed weights move it little)
+    # |v_j - o| <= |v_j - c| + |o - c|, c each column's midrange (docstring)
     do_c = (o - pb.centre).abs()
     w_sum = w.sum(-1, keepdim=True)
-    # both centres give a bound (c = 0: values spread around 0, where a midrange c
-    # drawn off 0 would loosen it): the smaller one holds
+    # c = 0 gives a bound too (values spread around 0): the smaller holds
     score_part = torch.minimum(w @ pb.dv_c + w_sum * do_c, w @ av + w_sum * ao) / z
     # the weights' perturbation alone keeps o' a convex combination of the visible v_j
     vdev = _visible_max(*pb.dv_c_max, rows, pb.n_q, pb.causal, pb.window)
@@ -348,8 +328,7 @@ def _dropout_o_allowed(pb: _Problem, rows: slice, o, kept, c: float, pr, w, z, n
     pv = c * ((pr * kept) @ pb.av)
     w_sum = w.sum(-1, keepdim=True)
     score_part = (c * ((w * kept) @ pb.av) + w_sum * ao) / z
-    # centred at each value column's midrange c0 (the offset now only enters through the
-    # kept mass's change, |c0| sum_j w_j |c m_j - 1|): the smaller bound holds
+    # centred at the column midrange c0 (docstring): the smaller bound holds
     off_mass = (w * (c * kept.to(torch.float64) - 1.0).abs()).sum(-1, keepdim=True)
     centred = (c * ((w * kept) @ pb.dv_c) + off_mass * pb.centre.abs() + w_sum * (o - pb.centre).abs()) / z
     score_part = torch.minimum(score_part, centred)
@@ -364,40 +343,31 @@ def attention(q, k, v, o, lse, causal: bool, scale: float, p: Precision, window=
               softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Allowed absolute errors of (o, lse) of attention, from the fp64 inputs and reference.
 
-    GQA: each query head is an attention of its own against its KV head's k, v (repeated
-    here per group), so the rule is the per-head rule. A row that sees no key (a band
-    missing every key) is exactly o = 0, lse = -inf: its o allowance is finite and unused.
+    GQA: each query head attends to its KV head's k, v (repeated here per group): the
+    per-head rule. A row that sees no key is exactly o = 0, lse = -inf.
 
-    Scores: each s_ij errs by at most eps_ij (attention_score_error), i.e. the weight of
-    key j is multiplied by e^{eta_j}, |eta_j| <= eps_ij. Measured against the row's top key
-    j* (softmax only sees differences), zeta_j = eta_j - eta_j* is bounded by
-    E_j = eps_ij + eps_ij* (E_j* = 0), and exactly
+    Scores: s_ij errs by at most eps_ij (:func:`attention_score_error`), multiplying key
+    j's weight by e^{eta_j}, |eta_j| <= eps_ij. Against the row's top key j* (softmax sees
+    only differences), zeta_j = eta_j - eta_j* is bounded by E_j = eps_ij + eps_ij*
+    (E_j* = 0), and exactly
         o' - o = sum_j p_j (e^{zeta_j} - 1)(v_j - o) / Z,   Z = sum_j p_j e^{zeta_j}
     so |o' - o| <= (sum_j p_j expm1(E_j) |v_j - o|) / max(p_j*, sum_j p_j e^{-E_j}), with
-    |v_j - o| <= |v_j - c| + |o - c| for c = 0 and for c the midrange of each value
-    column, whichever bound is smaller. A key whose k row equals the top key's bit for
-    bit is scored by the same dot product on the same operands, so E_j = 0 for it (a
-    constant k makes every weight exact, whatever the scores' rounding).
-    This is not first-order: it stays a bound when scores near the dtype's range make
-    E large, and it vanishes for a row dominated by one key. For lse,
+    |v_j - o| <= |v_j - c| + |o - c| for c = 0 and for c each value column's midrange, the
+    smaller bound. A key whose k row equals the top key's bit for bit gets the same dot
+    product, so E_j = 0 (a constant k makes every weight exact). Not first-order: it stays
+    a bound for large E and vanishes for a row dominated by one key. For lse,
     |lse' - lse| <= log sum_j p_j e^{eps_ij} = logsumexp(s + eps) - lse.
 
-    Roundings that do not cancel between the numerator acc = sum_j p_j v_j and the
-    denominator l = sum_j p_j: P rounded before the P V product (u_p sum_j p_j |v_j|,
-    plus p_floor sum |v_j| over keys whose p_j is subnormal in the dtype); the two sums
-    of n terms (sum_error(n)); the online rescaling by alpha once per key block (one
-    fp32 product each for acc and l, nb = ceil(n / 16) blocks at the interpreter's
-    smallest block); the division. The lse adds: l's sum (sum_error(n)), each alpha's
-    exp2 (EXP_ULPS + 2 u per block, plus u times the total rise of the running max
+    Roundings that do not cancel between acc = sum_j p_j v_j and l = sum_j p_j: P rounded
+    before P V (u_p sum_j p_j |v_j|, plus p_floor sum |v_j| over keys whose p_j is
+    subnormal); the two sums of n terms (sum_error(n)); the rescaling by alpha once per
+    key block (one fp32 product each for acc and l, nb = ceil(n / 16) blocks, the
+    interpreter's smallest block); the division. lse adds l's sum (sum_error(n)), each
+    alpha's exp2 (EXP_ULPS + 2 u per block, plus u times the running max's total rise
     <= m - min s), m + log2(l) and the LN2 / LOG2E conversions (u (2 |m| + |lse| + log l)).
-    Stored o: p.store |o|, plus p.floor. A convex combination of the v_j can never be
-    further than max_j |v_j - o| from o: the score part is capped at twice
-    max_j |v_j - c| + |o - c|, and the whole o allowance at twice max_j |v_j| + |o|.
-
-    Why the old rule was wrong: it bounded |v_j - o| by |v_j| + |o|, so values with a
-    large common offset (o close to every v_j) got an allowance of the offset's size, and
-    o became vacuous (allowance >= |o|) wherever the scores were uncertain: 246125 of
-    308151 bfloat16 o elements in an H100 run, the v "offset" family first among them.
+    Stored o: p.store |o| + p.floor. A convex combination of the v_j is within
+    max_j |v_j - o| of o: the score part is capped at twice max_j |v_j - c| + |o - c|,
+    the whole o allowance at twice max_j |v_j| + |o|.
     """
     pb = _Problem.of(q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap)
     a_o, a_lse = torch.empty_like(pb.o), torch.empty_like(pb.lse)
@@ -414,37 +384,27 @@ def attention_grad(q, k, v, do, o, lse, dq, dk, dv, causal: bool, scale: float, 
                    window=(-1, -1), alibi_slopes=None, softcap: float = 0.0) -> dict:
     """Allowed absolute errors of dq, dk, dv of attention (upstream do on o).
 
-    GQA: dk and dv of a KV head are sums over its group of query heads; the rule bounds
-    each query head's contribution (k, v repeated per group), sums the bounds over the
-    group, and counts the group's sums as one sum of group * Nq terms (the kernel
-    accumulates them in one fp32 accumulator and rounds once; a plain implementation
-    sums per-head gradients of repeated k, v, which the same bound covers).
-
     FlashAttention backward: P recomputed from the saved lse, dv = P^T dO, dP = dO V^T,
-    delta_i = sum_d dO_id O_id (from the stored, rounded O), dS = P (dP - delta),
-    dq = scale dS K, dk = scale dS^T Q.
-    - P: exponent error eps_ij (scores) + the lse allowance + the rounding of s - lse and
-      exp: a relative error dP_ij = expm1(that) (a plain softmax of rounded scores is
-      within the same: its normaliser errs by at most the lse allowance); then rounded
-      to the dtype before its products (u_p, p_floor).
-    - dP_ij: (p.dot + sum_error(D)) sum_d |dO_id v_jd|, and u(dtype) |dP_ij| where users
-      store dO V^T in the input dtype.
-    - delta_i: sum_d |dO_id| (the o allowance) + sum_error(D) sum_d |dO_id O_id|, and for a
-      softmax backward computing it as sum_j P_ij dP_ij: sum_j P_ij (dP_ij + u) |dP_ij|.
-    - dS_ij: P_ij (dP_ij |dP - delta| + err(dP) + err(delta) + u |dP - delta|) and, for a P_ij
-      near underflow, p_floor |dP_ij - delta_i|; rounded to
-      the dtype (u_p, and u(dtype) for the scale product of plain PyTorch) and p_floor
-      (on dS or on scale dS, whichever is larger).
-    - dq, dk, dv: the entry errors through the products, plus (p.dot + sum_error(n)) for
-      the sums of n terms, the scale product (u), the store (p.store) and p.floor;
-      operands below the smallest normal (DOT_READ_FLOOR times the other
-      operand's sum: |dS| for a misread k or q, P for a misread dO, |dO| + |v| in dP).
-    - a plain implementation may sum dk, dv over blocks of 32 queries (dq over blocks of
-      32 keys) rounding each partial sum to the dtype: PyTorch's CPU flash attention
-      backward in fp16 gave dk 2 subnormal spacings off an exact -4.0e-8 over 65 queries.
-      Each extra rounding adds u(dtype) |g| + half the dtype's subnormal spacing; with
-      GQA the group's per-head dk, dv are such partial sums too.
-    SAFETY multiplies the first-order roundings; the P and score parts carry it already.
+    delta_i = sum_d dO_id O_id (the stored O), dS = P (dP - delta), dq = scale dS K,
+    dk = scale dS^T Q.
+    - P: relative error dP_ij = expm1(eps_ij + the lse allowance + the rounding of s - lse
+      and exp) (a plain softmax of rounded scores is within it: its normaliser errs by at
+      most the lse allowance); rounded to the dtype before its products (u_p, p_floor).
+    - dP_ij: (p.dot + sum_error(D)) sum_d |dO_id v_jd|, u(dtype) |dP_ij| for dO V^T
+      stored in the input dtype.
+    - delta_i: sum_d |dO_id| (o allowance) + sum_error(D) sum_d |dO_id O_id|; formed as
+      sum_j P_ij dP_ij: sum_j P_ij (dP_ij + u) |dP_ij|.
+    - dS_ij: P_ij (dP_ij |dP - delta| + err(dP) + err(delta) + u |dP - delta|), p_floor
+      |dP_ij - delta_i| for a P_ij near underflow; rounded to the dtype (u_p, u(dtype) for
+      plain PyTorch's scale product) and p_floor on dS or scale dS, the larger.
+    - dq, dk, dv: the entry errors through the products, (p.dot + sum_error(n)) for sums
+      of n terms, the scale product (u), p.store, p.floor; DOT_READ_FLOOR times the other
+      operand's sum (|dS| for misread k or q, P for dO, |dO| + |v| in dP).
+    - PyTorch's CPU flash attention backward sums dk, dv over blocks of 32 queries (dq over
+      32 keys), each partial sum rounded to the dtype: u(dtype) |g| + half the subnormal
+      spacing per extra rounding; with GQA the per-head dk, dv are such sums.
+    GQA: a KV head's dk, dv sum its group's per-head bounds, the group's sums counted as
+    one sum of group * Nq terms. SAFETY on the first-order roundings (P and scores carry it).
     """
     pb = _Problem.of(q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap)
     return _gradient_allowances(pb, k.shape[-3], do, dq, dk, dv)
@@ -463,8 +423,7 @@ def _gradient_allowances(pb: _Problem, kv_heads: int, do, dq, dk, dv, keep: torc
     tiny = float(torch.finfo(p.dtype).tiny)
     d = pb.q.shape[-1]
     abs_k, av = pb.k.abs(), pb.av
-    # dS rounds into the dtype's subnormals before (kernel) or after (plain PyTorch: the
-    # product with sm_scale in the dtype) the scale: p_floor at whichever is larger
+    # dS rounds into the subnormals before (kernel) or after (plain PyTorch) the scale
     ds_floor = p_floor * max(1.0, 1.0 / scale)
     dq_allowed = torch.empty_like(pb.q)
     # per-key sums over every query row, added up block by block (dk, dv)
@@ -497,18 +456,15 @@ def _gradient_allowances(pb: _Problem, kv_heads: int, do, dq, dk, dv, keep: torc
         ds = pr * (dp - delta)
         e_delta = sum_error(d, p.compute) * (ad * ao).sum(-1, keepdim=True) \
             + ((p_rel + u_in * pr) * dp.abs()).sum(-1, keepdim=True)
-        # a P near underflow is only known to p_floor (a GPU's exp2 flushes it to 0), and
-        # dS = P (dP - delta) carries that times |dP - delta| (H100: dk 0 for -6e-37 with
-        # v near fp32's max, where |dP - delta| ~ 1e36)
+        # a P near underflow is only known to p_floor (GPU exp2 flushes), times |dP - delta| in dS
         small = visible & (pr < 4 * tiny)
         p_underflow = p_floor * r * small
         e_ds = p_rel * r + pr * (ad * blk.o_allowed).sum(-1, keepdim=True) + SAFETY * (
             pr * (e_dp + e_delta + p.compute * r) + (u_p + u_in) * ds.abs() + ds_floor * visible + p_underflow)
         if softcap:
-            # dS of the raw score is dS_c (1 - t^2), t = tanh(r / c): the rule's dS is dS_c, a
-            # bound on it (1 - t^2 <= 1); the factor's error: t errs by tanh's own (2 EXP_ULPS
-            # + 7) u plus the raw score's error / c (tanh' <= 1), |t'^2 - t^2| <= 2 dt + dt^2,
-            # and 1 - t t rounds (2 u, in the dtype for plain PyTorch's tanh backward)
+            # dS of the raw score is dS_c (1 - t^2), t = tanh(r / c), bounded by dS_c; t errs
+            # by (2 EXP_ULPS + 7) u plus the raw score's error / c, |t'^2 - t^2| <= 2 dt + dt^2,
+            # and 1 - t t rounds (2 u, in the dtype for plain PyTorch)
             raw = (qr @ pb.k.transpose(-1, -2)).abs() * scale
             e_raw = (p.dot + sum_error(d, p.compute)) * scale * (qr.abs() @ abs_k.transpose(-1, -2)) \
                 + DOT_READ_FLOOR * scale * (qr.abs().sum(-1)[..., :, None] + abs_k.sum(-1)[..., None, :]) \
@@ -541,9 +497,7 @@ def _gradient_allowances(pb: _Problem, kv_heads: int, do, dq, dk, dv, keep: torc
         + p.store * dv.abs() + attention_floor(p)
 
     def partial_sums(g, n, heads=1):
-        # cdiv(n, 32) partial sums per head, over ``heads`` heads (GQA: a plain
-        # implementation sums the repeated heads' gradients in the dtype): one rounding
-        # fewer than partial sums
+        # one rounding per partial sum but the first: cdiv(n, 32) per head, ``heads`` heads
         return max(0, heads * -(-n // PARTIAL_SUM_BLOCK) - 1) * (u_in * g.abs() + p.floor / 2)
 
     n_q, n_k = pb.n_q, pb.k.shape[-2]
@@ -557,24 +511,19 @@ def attention_dropout(q, k, v, o, lse, keep, dropout_p: float, causal: bool, sca
     keep mask m (``o`` is the fp64 reference with that mask). lse is dropout-free: its
     allowance is :func:`attention`'s.
 
-    o_i = c sum_j p_ij m_ij v_j with c = 1 / (1 - dropout_p). The computed weights are
+    o_i = c sum_j p_ij m_ij v_j, c = 1 / (1 - dropout_p). The computed weights are
     p_j e^{zeta_j} / Z, Z = sum_j p_j e^{zeta_j} over every visible key (the normaliser is
-    dropout-free), |zeta_j| <= E_j as in :func:`attention` (E_j* = 0 for the top key and its
-    bitwise twins). With sum_j m_j p_j v_j = o / c,
+    dropout-free), |zeta_j| <= E_j as in :func:`attention`. With sum_j m_j p_j v_j = o / c,
         o' - o = (c sum_j m_j p_j (e^{zeta_j} - 1) v_j - o sum_j p_j (e^{zeta_j} - 1)) / Z,
         |o' - o| <= (c sum_j m_j w_j |v_j| + |o| sum_j w_j) / z,   w_j = p_j (e^{E_j} - 1),
-    z <= Z as in attention. Centred at c0, the midrange of each value column (v_j = c0 + d_j),
-    the same numerator is c sum_j m_j w'_j d_j + c0 sum_j w'_j (c m_j - 1) - (o - c0) sum_j w'_j
-    (w'_j = p_j (e^{zeta_j} - 1)): the kept weights do not sum to 1, so a common offset c0 does
-    not cancel, but it only enters through the kept mass's change, |c0| sum_j w_j |c m_j - 1|
-    (c - 1 for a kept key, 1 for a dropped one): about c m_j + 1 times less than |v_j| ~ |c0|
-    where the values share an offset. The smaller of the two bounds holds. Cap: o' = c sum_j m_j p'_j v_j with p' a probability
-    vector, |o' - o| <= c max_visible |v_j| + |o| (twice that, as attention's cap).
-    Roundings: attention's, with the kept sum pv = c sum_j m_j p_j |v_j| for sum_j p_j |v_j|
-    (P rounded before P V and its subnormals, the sums of n terms and the per-block rescaling,
-    the division), and the factor c: rounded to fp32 and multiplied once (u(fp32) each, on |o|,
-    folded into 1 / l by the kernel), or, in a plain implementation forming P m / (1 - p) in
-    the dtype, u(dtype) per weight and u(dtype) for c (on pv): 2 (u(fp32) + u(dtype)) (pv + |o|).
+    z <= Z as in attention. Centred at each value column's midrange c0 (v_j = c0 + d_j) the
+    numerator is c sum_j m_j w'_j d_j + c0 sum_j w'_j (c m_j - 1) - (o - c0) sum_j w'_j
+    (w'_j = p_j (e^{zeta_j} - 1)): the kept weights do not sum to 1, so c0 enters through
+    the kept mass's change, |c0| sum_j w_j |c m_j - 1|. The smaller bound holds. Cap:
+    o' = c sum_j m_j p'_j v_j, p' a probability vector: twice c max_visible |v_j| + |o|.
+    Roundings: attention's with pv = c sum_j m_j p_j |v_j| for sum_j p_j |v_j|, and the
+    factor c: rounded to fp32 and multiplied once (u(fp32) each), or in plain PyTorch
+    (P m / (1 - p) in the dtype) u(dtype) per weight and for c: 2 (u(fp32) + u(dtype)) (pv + |o|).
     """
     pb = _Problem.of(q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap)
     keep = torch.as_tensor(keep, device=pb.q.device)
@@ -591,37 +540,25 @@ def attention_dropout_grad(q, k, v, do, o, lse, dq, dk, dv, keep, dropout_p: flo
     implementation's keep mask M (``o`` is the fp64 reference with that mask, ``lse`` the
     dropout-free one, ``dq``, ``dk``, ``dv`` fp64 autograd of that reference).
 
-    With c = 1 / (1 - dropout_p) the forward is o_i = sum_j P~_ij v_j, P~ = c M * P: dropout
-    multiplies each weight by an exact 0 or by c, after the softmax. So the backward is
-    :func:`attention_grad`'s with two substitutions, and nothing else changes:
+    With c = 1 / (1 - dropout_p), o_i = sum_j P~_ij v_j, P~ = c M * P (an exact 0 or c per
+    weight, after the softmax), so the backward is :func:`attention_grad`'s with two
+    substitutions:
         dV     = P~^T dO                     (P replaced by P~ = c M P)
         dP'_ij = c M_ij dO_i . v_j            (dP = dO V^T replaced by c M dP)
         delta_i = sum_j P_ij dP'_ij = sum_j P~_ij dO_i . v_j = dO_i . o_i
         dS     = P (dP' - delta)             (the softmax's own P, dropout-free),
         dq = scale dS K, dk = scale dS^T Q.
-    delta is still rowsum(dO * O), O now the dropped output: its error is the o allowance
-    of :func:`attention_dropout` (the rule's forward block with the mask), and a softmax
-    backward that forms it as sum_j P_ij dP'_ij carries P's errors times |dP'|, as in
-    attention_grad with dP' for dP.
+    delta's error uses :func:`attention_dropout`'s o allowance (and, formed as
+    sum_j P_ij dP'_ij, P's errors times |dP'|).
 
-    The errors scale the same way. P's relative error (scores, lse, exp) is the dropout-free
-    one, since the mask and the normaliser do not depend on it; a weight P~_ij = c M_ij P_ij
-    errs by c M_ij times P_ij's error (M is exact), so every dv term of attention_grad (P's
-    error, its rounding to the dtype and its subnormals, the sum's error over the Nq terms,
-    misread dO) is taken with the weight c M_ij: dv's allowance is c times the dropout-free
-    one over the kept pairs only. dP' errs by c M_ij times dP's error. c itself is a
-    rounding: the kernel rounds c to fp32 once and multiplies it in once (into dP' and
-    into dv at the end), u(fp32) each; plain PyTorch forms P M / (1 - p) and its gradient
-    dP M / (1 - p) in the input dtype, u(dtype) each. So 2 (u(fp32) + u(dtype)) more on
-    every |dP'_ij| and on every weight P~_ij (the latter under SAFETY with P's other
-    first-order roundings; the former enters dS through SAFETY P_ij err(dP')). dS's terms
-    (P's error times |dP' - delta|, P times err(dP') + err(delta), dS's own rounding and
-    floors, softcap's factor) are attention_grad's with dP' for dP; dq and dk carry dS's
-    errors through the same products and sums.
-
-    Why not c times attention_grad's allowance: dS = P (dP' - delta) is not c times the
-    dropout-free dS (delta moves with the mask, a dropped key's dP'_ij is exactly 0 and its
-    dS_ij = -P_ij delta_i); the substitutions bound the computation that is actually done.
+    P's relative error is the dropout-free one (the mask and normaliser do not depend on
+    it); P~_ij errs by c M_ij times it (M exact), so every dv term of attention_grad is
+    taken with the weight c M_ij, and dP' errs by c M_ij times dP's error. c is one more
+    rounding: the kernel's fp32 c multiplied in once (into dP', into dv), u(fp32) each;
+    plain PyTorch's P M / (1 - p) and dP M / (1 - p) in the dtype, u(dtype) each: so
+    2 (u(fp32) + u(dtype)) on every |dP'_ij| and every weight P~_ij. dS's terms, dq and dk
+    are attention_grad's with dP' for dP. Not c times attention_grad's allowance: delta
+    moves with the mask, and a dropped key's dS_ij = -P_ij delta_i.
     """
     pb = _Problem.of(q, k, v, o, lse, causal, scale, p, window, alibi_slopes, softcap)
     keep = torch.as_tensor(keep, device=pb.q.device).to(torch.bool).expand(*pb.q.shape[:-1], pb.k.shape[-2])

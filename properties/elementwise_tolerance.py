@@ -1,9 +1,7 @@
 """Tolerance rules of the elementwise family: rope (and its pair norms) and swiglu, with gradients.
 
-The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
-their sources) are in :mod:`tritoncheck.tolerance`. The rules are evaluated in float64
-torch on the suite's device (the GPU when there is one); arguments may be NumPy arrays
-or tensors, results are NumPy."""
+Pieces and notation: :mod:`tritoncheck.tolerance`. Evaluated in float64 torch on the
+suite's device; arguments NumPy arrays or tensors, results NumPy."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,18 +24,14 @@ def _elementwise_subnormal_spacing(dtype: torch.dtype) -> float:
 def rope(x, cos, sin, y, table_dtype: torch.dtype, p: Precision) -> np.ndarray:
     """Allowed absolute error of each rope output (and of dx, with dy for x and dx for y).
 
-    y_2i = x_2i c - x_2i+1 s, y_2i+1 = x_2i s + x_2i+1 c: two products and a sum.
-    In fp32 (the kernel: tables and x loaded and upcast exactly) that is
-    u32 (|x_2i c| + |x_2i+1 s|) + u32 |y|, then the store in x's dtype. The plain
-    PyTorch form, as users write it (``torch_rope``), casts the tables to x's dtype
-    (u(x) per table entry, unless the cast is exact: same dtype, or x in float32) and
-    rounds each product and the sum in x's dtype, so the rule allows
-    (u_cast + u(x)) (|x_2i c| + |x_2i+1 s|) on top of the store: the kernel is held to
-    the accuracy a user gets from PyTorch, not to the tighter bound its fp32
-    arithmetic reaches. Near underflow, each of the two products may round into x's
-    subnormals (one floor each) besides the store (one more).
-    The backward (dx from dy) is the transposed rotation of dy by the same tables:
-    nothing is computed in forward and kept in x's dtype, so no second rounding arises.
+    y_2i = x_2i c - x_2i+1 s, y_2i+1 = x_2i s + x_2i+1 c: two products and a sum, in fp32
+    u32 (|x_2i c| + |x_2i+1 s|) + u32 |y| before the store. Plain PyTorch (``torch_rope``)
+    casts the tables to x's dtype (u_cast = u(x), 0 for the same dtype or x in float32)
+    and rounds products and sum in x's dtype, so the rule allows (u_cast + u(x))
+    (|x_2i c| + |x_2i+1 s|) plus the store: kernels are held to what users get from
+    PyTorch, not to their fp32 bound. Near underflow: a floor for each product and the
+    store. The backward is the transposed rotation of dy by the same tables, with nothing
+    kept in x's dtype from the forward: the same rule.
     """
     u_in = unit_roundoff(p.dtype)
     u_cast = u_in if (table_dtype != p.dtype and p.dtype != torch.float32) else 0.0
@@ -51,17 +45,12 @@ def rope_pair_norm(x, cos, sin, y, table_dtype: torch.dtype, p: Precision) -> tu
     """The norm of each output pair (y_2i, y_2i+1) and its allowed error, derived for the
     norm itself.
 
-    [[c, -s], [s, c]] is a rotation scaled by r = sqrt(c^2 + s^2), whatever the tables
-    hold, so the exact map of the tables as given sends a pair of norm |x| to one of
-    norm r |x| (r = 1 within the tables' rounding for tables of real angles; the check
-    compares with r |x|, computed in fp64, and so needs no assumption on the tables). The
-    computed pair differs from the exact one by the error vector (e_0, e_1), and
-    | |y_hat| - |y| | <= |(e_0, e_1)| = sqrt(e_0^2 + e_1^2): the two component errors add
-    in quadrature, not linearly. Each e_k is the component's arithmetic (SAFETY u(x) times
-    its two products, as in ``rope``), its store (u_out |y_k|) and three floors near
-    underflow. A plain PyTorch rope that casts the tables to x's dtype rotates by the
-    cast tables instead: their norm factor moves by at most u_cast, i.e. u_cast r |x|.
-    Returns (r |x|, allowance) per pair."""
+    [[c, -s], [s, c]] is a rotation scaled by r = sqrt(c^2 + s^2) whatever the tables
+    hold, so the exact pair has norm r |x| (computed in fp64: no assumption on the
+    tables). | |y_hat| - |y| | <= |(e_0, e_1)|: the component errors add in quadrature.
+    Each e_k is SAFETY u(x) times its two products (as in ``rope``), its store
+    (u_out |y_k|) and three floors. Tables cast to x's dtype move the norm factor by at
+    most u_cast: u_cast r |x|. Returns (r |x|, allowance) per pair."""
     u_in = unit_roundoff(p.dtype)
     u_cast = u_in if (table_dtype != p.dtype and p.dtype != torch.float32) else 0.0
     x, cos, sin, y = (float64_on(t) for t in (x, cos, sin, y))
@@ -84,10 +73,9 @@ def _swiglu_sigmoid_parts(g: torch.Tensor):
 def _swiglu_sigmoid_error(g: torch.Tensor, u: float) -> torch.Tensor:
     """Relative error bound of an fp32 sigmoid s(g) from e = exp(-|g|).
 
-    e errs by u (EXP_ULPS + |g|) relative (exp and the log2(e) scaling of its
-    argument); through s = 1 / (1 + e) or e / (1 + e) that becomes a relative error
-    (1 - s) times as large. 1 + e and the division round (2 u), except that for
-    g >= 0 and e below u, 1 + e rounds to 1 with an error of e, not u: 2 min(u, e).
+    e errs by u (EXP_ULPS + |g|) relative (exp, and the log2(e) scaling of its argument),
+    which s = 1 / (1 + e) or e / (1 + e) carries times (1 - s). 1 + e and the division
+    round (2 u); for g >= 0 and e < u, 1 + e rounds to 1, an error of e: 2 min(u, e).
     """
     _, one_minus, e = _swiglu_sigmoid_parts(g)
     rounding = torch.where(g >= 0, 2 * e.clamp(max=u), 2 * u)
@@ -95,22 +83,18 @@ def _swiglu_sigmoid_error(g: torch.Tensor, u: float) -> torch.Tensor:
 
 
 def _swiglu_flush(g: torch.Tensor) -> torch.Tensor:
-    """Where sigmoid(g) is below fp32's smallest normal (g < -87.3): an fp32
-    intermediate that may be flushed to zero (FTZ in GPU exp), and which
-    ``torch.sigmoid``/``F.silu`` turn into 0 already at g < -88.7 (exp(-g) overflows
-    to inf); the products that carry it then lose their whole value."""
+    """Where sigmoid(g) is below fp32's smallest normal (g < -87.3): it may be flushed to
+    zero (GPU FTZ; ``torch.sigmoid``/``F.silu`` give 0 from g < -88.7, where exp(-g)
+    overflows), and the products that carry it lose their whole value."""
     s, _, _ = _swiglu_sigmoid_parts(g)
     return s < float(torch.finfo(torch.float32).tiny)
 
 
 def _swiglu_subnormal_read(v: torch.Tensor) -> torch.Tensor:
     """How far an operand may be misread: 2 tiny(fp32) where it is nonzero and below
-    fp32's smallest normal, else 0. FTZ arithmetic (GPU .ftz instructions) reads such
-    an operand as 0; the Triton interpreter's bf16 -> fp32 conversion garbles it into
-    another value below tiny(fp32) (``_convert_float`` normalises the subnormal
-    significand, then clamps the exponent at 0 without shifting it back). Either way
-    the operand is off by less than 2 tiny(fp32), which a product with a large factor
-    (swiglu's gate up to 1.3e19) turns into a visible error."""
+    fp32's smallest normal, else 0. GPU .ftz arithmetic reads it as 0; the interpreter's
+    bf16 -> fp32 ``_convert_float`` garbles it into another value below tiny(fp32). A
+    large factor (swiglu's gate up to 1.3e19) makes that visible."""
     tiny = float(torch.finfo(torch.float32).tiny)
     return torch.where((v != 0) & (v.abs() < tiny), 2 * tiny, 0.0)
 
@@ -119,12 +103,11 @@ def swiglu(gate, up, y, p: Precision) -> np.ndarray:
     """Allowed absolute error of y = gate sigmoid(gate) up.
 
     The fp32 sigmoid's relative error (:func:`_swiglu_sigmoid_error`), two products
-    (2 u), the store. ``F.silu(gate) * up``, as users write it, rounds silu(gate) to the
-    input dtype before the product: one more u(input) |y|, and u(input)'s subnormal
-    spacing times |up| where silu(gate) is tiny. Where sigmoid(gate) is below fp32's
-    smallest normal, y may be flushed to 0 (:func:`_swiglu_flush`). A subnormal gate
-    or up may be misread by 2 tiny(fp32) (:func:`_swiglu_subnormal_read`), times the
-    partial derivative of y in it (|gate sigmoid(gate)| for up, at most 1.1 |up| for gate).
+    (2 u), the store. ``F.silu(gate) * up`` rounds silu(gate) to the input dtype first:
+    u(input) |y| more, and its subnormal spacing times |up|. y may be flushed to 0 where
+    sigmoid(gate) is (:func:`_swiglu_flush`). A subnormal operand misread by 2 tiny(fp32)
+    (:func:`_swiglu_subnormal_read`) costs that times y's partial derivative in it
+    (|gate sigmoid(gate)| for up, at most 1.1 |up| for gate).
     """
     u = p.compute
     gate, up, y = (float64_on(t) for t in (gate, up, y))
@@ -140,18 +123,14 @@ def swiglu(gate, up, y, p: Precision) -> np.ndarray:
 def swiglu_grad(gate, up, dy, dgate, dup, p: Precision) -> tuple[np.ndarray, np.ndarray]:
     """Allowed absolute errors of dgate = dy up t, t = s + g s (1 - s), and dup = dy g s.
 
-    s carries its absolute error ds = r_s s (:func:`_swiglu_sigmoid_error`); t moves by
-    |dt/ds| ds = |1 + g (1 - 2 s)| ds (for large g that is g ds: 1 - s cancels,
-    bounded because ds shrinks with e = exp(-g)); forming t rounds u (|t| + 3 |g s
-    (1 - s)|); the products with dy and up round 2 u. The autograd backward of
-    ``F.silu(gate) * up`` in the input dtype first rounds dy * up (dgate) or silu(gate)
-    (dup) to the input dtype: one more u(input) of the result, and its subnormal
-    spacing times the other factor. Then the store in the input dtype, and the FTZ
-    region of sigmoid and the misread subnormal operands as in :func:`swiglu`
-    (|dt/dgate| <= 1). That extra u(input) is also what a fused kernel costs that saves
-    silu(gate) in the input dtype in forward and scales it by dy in backward (two
-    roundings of dup in the input dtype); dgate needs s in fp32, which no such kernel
-    stores in a lower precision.
+    s carries ds = r_s s (:func:`_swiglu_sigmoid_error`); t moves by |1 + g (1 - 2 s)| ds
+    (g ds for large g, bounded since ds shrinks with exp(-g)); forming t rounds
+    u (|t| + 3 |g s (1 - s)|); the products with dy and up 2 u. Autograd of
+    ``F.silu(gate) * up`` in the input dtype rounds dy * up (dgate) or silu(gate) (dup) to
+    it first: u(input) of the result, and its subnormal spacing times the other factor;
+    the same covers a fused kernel that saves silu(gate) in the input dtype (dgate needs
+    s in fp32, which no such kernel lowers). Then the store, and the FTZ region and
+    misread operands as in :func:`swiglu` (|dt/dgate| <= 1).
     """
     u = p.compute
     u_in = unit_roundoff(p.dtype)

@@ -1,9 +1,7 @@
 """Tolerance rules of the linear-attention family: the ELU+1 feature map and linear attention.
 
-The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
-their sources) are in :mod:`tritoncheck.tolerance`. The rules are evaluated in float64
-torch on the suite's device (the GPU when there is one); arguments may be NumPy arrays
-or tensors, results are NumPy."""
+Pieces and notation: :mod:`tritoncheck.tolerance`. Evaluated in float64 torch on the
+suite's device; arguments NumPy arrays or tensors, results NumPy."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +12,7 @@ from tritoncheck.tolerance import DOT_READ_FLOOR, EXP_ULPS, SAFETY, Precision, f
 
 
 def _la_half_subnormal(dtype: torch.dtype) -> float:
-    """Half the spacing of ``dtype``'s subnormals: the absolute error of rounding a
-    value into its subnormal range (to nearest)."""
+    """Half ``dtype``'s subnormal spacing: the error of rounding into its subnormals."""
     info = torch.finfo(dtype)
     return float(info.tiny) * float(info.eps) / 2
 
@@ -23,16 +20,12 @@ def _la_half_subnormal(dtype: torch.dtype) -> float:
 def elu_feature_map(x, y, p: Precision) -> np.ndarray:
     """Allowed absolute error of y = elu(x) + 1 = max(x, 0) + exp(min(x, 0)).
 
-    x > 0: y = x + 1, one fp32 addition (u |y|). x <= 0: y = exp(x) in fp32,
-    EXP_ULPS u |y|, plus u |x| |y| from the log2(e) scaling of ex2.approx on the GPU.
-    The contract writes y as elu(x) + 1, and ``F.elu(x) + 1`` in the input dtype, the
-    way users write it (the control), rounds elu(x) = y - 1 to the dtype before adding
-    1 (exact by Sterbenz for y - 1 in [-1, -1/2]): u(dtype) |y - 1| for x < 0. That term
-    is an absolute error up to u(dtype) where y itself is tiny, so this rule does not
-    see the relative accuracy of tiny outputs; the exact property
-    ``feature_map_positive_finite`` checks that they do not collapse to 0. Then the
-    store u(dtype) |y| (two units under the interpreter's truncating bf16 store) and
-    the underflow floor.
+    x > 0: y = x + 1, one fp32 addition (u |y|). x <= 0: y = exp(x) in fp32, EXP_ULPS u |y|
+    plus u |x| |y| (log2(e) scaling). ``F.elu(x) + 1`` in the input dtype (the control)
+    rounds elu(x) = y - 1 to the dtype before adding 1 (exact by Sterbenz for y - 1 in
+    [-1, -1/2]): u(dtype) |y - 1| for x < 0. Not covered: that absolute term hides the
+    relative accuracy of tiny y (``feature_map_positive_finite`` checks they stay
+    nonzero). Then the store p.store |y| and the floor.
     """
     x, y = (float64_on(t) for t in (x, y))
     xf = torch.where(torch.isfinite(x), x, 0.0)
@@ -45,12 +38,10 @@ def elu_feature_map(x, y, p: Precision) -> np.ndarray:
 def elu_feature_map_grad(x, dy, dx, p: Precision) -> np.ndarray:
     """Allowed absolute error of dx = dy * (1 if x > 0 else exp(x)).
 
-    exp(x) in fp32 as in the forward (EXP_ULPS u + u |x|, relative), the product dy
-    times it (u), the store of dx (u(dtype)); the floor for results near underflow.
-    A kernel may instead save its output y = exp(x) (x <= 0) in the input dtype and
-    scale it by dy in backward (torch's in-place elu backward reads its result the
-    same way): y rounds once in that dtype (u(dtype) |dx| more, one floor into its
-    subnormals scaled by |dy|), the old rule's one rounding would fail it.
+    exp(x) in fp32 as in the forward (EXP_ULPS u + u |x| relative), the product with dy
+    (u), the store of dx, the floor. A kernel may save y = exp(x) (x <= 0) in the input
+    dtype and scale it by dy (as torch's in-place elu backward does): one more rounding,
+    p.store |dx| plus a floor times |dy|.
     """
     x, dy, dx = (float64_on(t) for t in (x, dy, dx))
     xf = torch.where(torch.isfinite(x), x, 0.0)
@@ -65,44 +56,27 @@ def linear_attention(q, k, v, o, causal: bool, eps: float, p: Precision) -> np.n
     when causal, over all j otherwise), q, k >= 0 and v of any sign, per element.
 
     The state S = sum_j k_j v_j^T sums n_i terms (n_i = i + 1 causal, N otherwise) of
-    mixed sign, so its rounding error is bounded by sum_error(n_i) times the sum of the
-    terms' magnitudes, P = sum_j k_j |v_j|^T, not by |S|; reading it with q_i (a D-long
-    sum, sum_error(D)) gives the numerator an error relative to
-    M_i = q_i . P_i = sum_j (q_i . k_j) |v_j|, computed here in fp64 from the inputs.
-    Each product is a tl.dot product (``p.dot``: u(fp32) under the interpreter, 2^-21
-    for a kernel that declares "tf32x3" on CUDA, see :func:`declared_dot`, plus
-    DOT_READ_FLOOR times the other operand near fp32's underflow); a chunked
-    causal kernel forms (q_i . k_j) v_j through the scores (one dot each for Q K^T and
-    A V), so two dot units per term. The denominator d_i = q_i . z_i + eps has only
-    positive terms: (sum_error(n_i) + sum_error(D) + dot + u) relative. fp16/bf16
-    inputs are exact in fp32, so their products are too; accumulation is fp32.
+    mixed sign: its error is sum_error(n_i) times P = sum_j k_j |v_j|^T, not |S|; read
+    with q_i (sum_error(D)) the numerator errs relative to M_i = q_i . P_i =
+    sum_j (q_i . k_j) |v_j| (fp64, :func:`~tritoncheck.references.linear_attention.causal_state_reads`).
+    Each product is a tl.dot's (``p.dot``, :func:`declared_dot`, plus DOT_READ_FLOOR
+    times the other operand); a chunked causal kernel goes through the scores (Q K^T,
+    then A V): two dot units per term. The denominator d_i = q_i . z_i + eps has positive
+    terms: (sum_error(n_i) + sum_error(D) + dot + u) relative. fp16/bf16 inputs and their
+    products are exact in fp32; accumulation is fp32.
 
-    The plain implementation (``torch.einsum`` / ``torch.cumsum`` in the input dtype,
-    the control) accumulates in fp32 too (PyTorch's reductions and matmuls do) but
-    stores each named intermediate in the input dtype once: the products k_j v_j^T
-    (causal), S_i, q_i S_i; z_i, q_i . z_i, d_i. Each costs u(dtype) relative to the
-    same absolute sums (3 u(dtype) for the numerator and for the denominator) plus
-    half a subnormal spacing of the dtype, which matters in fp16 where q . z ~ eps =
-    1e-6 is subnormal (spacing 6e-8): fl (|q_i|_1 (n_i + 1) + 1) for the numerator,
-    fl (|q_i|_1 + 2) for the denominator. A kernel that accumulates the state in the
-    input dtype (n_i roundings instead of one) is outside this rule for long n_i.
-
-    A chunked kernel may instead round the scores A_ij = q_i . k_j to the input dtype
-    before the A V dot (fla's ``fused_chunk``: ``b_s.to(b_q.dtype)``, as FlashAttention
-    rounds P; ``(q @ k^T).tril() @ v`` in the input dtype does the same): u(dtype) |A_ij|
-    relative, within the 3 u(dtype) above, plus half a subnormal spacing per score,
-    multiplied by |v_j| in the sum: fl sum_{j <= i} |v_j| more in the numerator. Why the
-    old rule was wrong: it charged the subnormal floor only to the control's
-    intermediates (weighted by q or 1), never to a score that is multiplied by v; fla's
-    fp16 kernel with q, k tiny (scores ~1e-8, subnormal in fp16) and eps = 1e-3 was off
-    by 7e-5 where the rule allowed 6.6e-5 (plain PyTorch's error there 2.4e-5).
+    Plain PyTorch (``torch.einsum`` / ``torch.cumsum`` in the input dtype, the control)
+    accumulates in fp32 but stores each intermediate in the input dtype once (k_j v_j^T
+    (causal), S_i, q_i S_i; z_i, q_i . z_i, d_i): 3 u(dtype) for the numerator and for the
+    denominator, plus half a subnormal spacing fl each (fp16 q . z ~ eps = 1e-6 is
+    subnormal): fl (|q_i|_1 (n_i + 1) + 1) and fl (|q_i|_1 + 2). A chunked kernel may round
+    the scores A_ij to the input dtype before A V (fla's ``fused_chunk``, as
+    FlashAttention rounds P; ``(q @ k^T).tril() @ v``): u(dtype) within the 3 u(dtype),
+    plus fl per score times |v_j|: fl sum_{j <= i} |v_j| in the numerator. Not covered:
+    a state accumulated in the input dtype (n_i roundings) for long n_i.
 
     The quotient: |o err| <= num_err / d + |o| den_err / d + u |o|; then SAFETY, the
-    store of o (u(dtype) |o|) and the underflow floor.
-
-    Evaluated in float64 torch on the suite's device (the GPU when there is one): the
-    causal M_i is an N D Dv computation (:func:`tritoncheck.references.linear_attention.causal_state_reads`).
-    Arguments may be NumPy arrays or tensors; the result is NumPy.
+    store of o and the floor.
     """
     q, k, v, o = (float64_on(a) for a in (q, k, v, o))
     N, D = q.shape[-2], q.shape[-1]
@@ -119,9 +93,8 @@ def linear_attention(q, k, v, o, causal: bool, eps: float, p: Precision) -> np.n
     q1 = q.sum(dim=-1, keepdim=True)
     uc, ui, fl = p.compute, unit_roundoff(p.dtype), _la_half_subnormal(p.dtype)
     e_sum = sum_error(n, uc) + float(sum_error(D, uc))
-    # operands misread by up to DOT_READ_FLOOR (see there): k v^T (or q k^T) products err
-    # by F (|v| + |k|) summed over j, reading with q adds F (q1 + the read sums); the
-    # factor 2 covers the causal kernel's two dots per term
+    # operands misread by DOT_READ_FLOOR F: k v^T (or q k^T) products err by F (|v| + |k|)
+    # over j, reading with q adds F (q1 + the read sums); 2: the causal kernel's two dots
     v1 = torch.cumsum(va, dim=2) if causal else va.sum(dim=2, keepdim=True).expand(va.shape)
     k1 = z.sum(dim=-1, keepdim=True)
     reads = 2 * DOT_READ_FLOOR * (q1 + 1) * (v1 + k1 + 1)

@@ -1,10 +1,7 @@
 """Tolerance rules of the losses family: cross-entropy loss and its gradient.
 
-The pieces (unit roundoff, sum bounds, floors, SAFETY and the other constants with
-their sources) are in :mod:`tritoncheck.tolerance`. The rules are evaluated in float64
-torch on the suite's device (the GPU when there is one: a [M, V] row of a 256k
-vocabulary is a few passes there); arguments may be NumPy arrays or tensors, results
-are NumPy."""
+Pieces and notation: :mod:`tritoncheck.tolerance`. Evaluated in float64 torch on the
+suite's device; arguments NumPy arrays or tensors, results NumPy."""
 from __future__ import annotations
 
 import math
@@ -23,10 +20,9 @@ def _targets(target, device) -> torch.Tensor:
 
 
 def _cross_entropy_parts(logits: torch.Tensor):
-    """Per row of logits [M, V] (fp64 tensor): finite mask, max m over the finite entries
-    (0 if none), log S with S = sum_j exp(z_j - m) (>= 1 when a finite entry exists), lse,
-    the number n of finite entries and spread = sum_j w_j |z_j - m| with the softmax
-    weights w_j (a weighted mean of the exp arguments, at most log n + 1)."""
+    """Per row of logits [M, V] (fp64): finite mask, max m over the finite entries (0 if
+    none), log S with S = sum_j exp(z_j - m), lse, the count n of finite entries, and
+    spread = sum_j w_j |z_j - m| (softmax weights w_j; at most log n + 1)."""
     finite = torch.isfinite(logits)
     m = torch.where(finite, logits, -math.inf).amax(dim=-1)
     m = torch.where(torch.isfinite(m), m, 0.0)
@@ -43,22 +39,17 @@ def _cross_entropy_parts(logits: torch.Tensor):
 def cross_entropy_lse_error(logits: np.ndarray, p: Precision) -> np.ndarray:
     """Bound on the absolute error of an fp32 logsumexp of each row of ``logits``.
 
-    lse = m + log S, S = sum_j exp(z_j - m), computed in fp32 whatever the input
-    dtype (kernels load and upcast; the control upcasts with ``.float()`` first), so
-    nothing here depends on the logits' dtype. Term by term, as errors in lse (an
-    error r relative in S is an error r in log S):
+    lse = m + log S, S = sum_j exp(z_j - m), in fp32 whatever the input dtype (kernels and
+    the control upcast first). As errors in lse (r relative in S is r in log S):
 
-    * z_j - m rounds (u |z_j - m|) and exp adds EXP_ULPS u plus u |z_j - m| from the
-      log2(e) scaling: a relative error u (2 |z_j - m| + EXP_ULPS) of term j, which
-      enters S with the term's weight w_j, so 2 u sum_j w_j |z_j - m| + EXP_ULPS u.
-    * The sum of n positive terms: sum_error(n). An online (or blocked, or split)
-      logsumexp also rescales partial sums by exp(m_old - m_new) when the running max
-      grows; each such step costs (EXP_ULPS + 1) u instead of the u of an addition,
-      and a term goes through at most as many steps as the partial sums it is part
-      of, the count sum_error(n) already bounds: (EXP_ULPS + 2) sum_error(n).
-    * log S: EXP_ULPS u (log S + 1) (the 1: the absolute error of GPU lg2.approx
-      near S = 1); m + log S rounds: u |lse|; an implementation may instead form
-      z_j - m for every j and add m back (log_softmax), u |m| more.
+    * z_j - m rounds (u |z_j - m|), exp adds EXP_ULPS u plus u |z_j - m| (log2(e)
+      scaling); weighted by w_j in S: 2 u sum_j w_j |z_j - m| + EXP_ULPS u.
+    * The sum of n positive terms: sum_error(n). An online (blocked, split) logsumexp
+      rescales partial sums by exp(m_old - m_new), (EXP_ULPS + 1) u a step instead of an
+      addition's u, at most as many steps per term as sum_error(n) counts:
+      (EXP_ULPS + 2) sum_error(n).
+    * log S: EXP_ULPS u (log S + 1) (the 1: GPU lg2.approx's absolute error near S = 1);
+      m + log S rounds: u |lse|; forming z_j - m and adding m back (log_softmax): u |m|.
     """
     return _lse_error(_cross_entropy_parts(float64_on(logits)), p).cpu().numpy()
 
@@ -74,11 +65,10 @@ def cross_entropy(logits: np.ndarray, target: np.ndarray, ignore_index: int, los
                   p: Precision) -> np.ndarray:
     """Allowed absolute error of each loss[i] = lse[i] - logits[i, target[i]] (float32).
 
-    The lse error (:func:`cross_entropy_lse_error`), then the subtraction in fp32:
-    u |loss|, plus u (|x_t| + |m|) for the log_softmax form (x_t - m) - log S that
-    ``F.cross_entropy`` uses. The loss is stored in float32 whatever the logits'
-    dtype, so the input dtype's unit roundoff never enters. Ignored rows must be
-    exactly 0: allowance 0. A target on a -inf logit gives +inf (compared exactly).
+    The lse error (:func:`cross_entropy_lse_error`), the subtraction in fp32 (u |loss|),
+    and u (|x_t| + |m|) for ``F.cross_entropy``'s log_softmax form (x_t - m) - log S. The
+    loss is stored in float32, so the input dtype's u never enters. Ignored rows: exactly
+    0 (allowance 0). A target on a -inf logit gives +inf (compared exactly).
     """
     device = backend.device()
     logits, target, loss = float64_on(logits, device), _targets(target, device), float64_on(loss, device)
@@ -98,35 +88,27 @@ def cross_entropy_grad(logits: np.ndarray, target: np.ndarray, ignore_index: int
                        dlogits: np.ndarray, p: Precision) -> np.ndarray:
     """Allowed absolute error of dlogits[i, j] = dloss[i] (p_ij - [j == target[i]]).
 
-    p_ij = exp(z_j - lse) from an fp32 lse (saved by the forward, or the
-    log_softmax output): the exponent errs by the lse error plus u (2 |z_j - lse|
-    + EXP_ULPS) (rounding of z_j - lse and exp's own error). As for softmax, an
-    exponent error E moves p by at most min(1, p e^E) (1 - e^-E): p E when E is small,
-    and at most the whole [0, 1] when it is not (logits near the fp32 range, where u
-    |lse| exceeds 1, leave the fp32 probabilities without a correct digit). Then
-    p - onehot rounds (u |g|), the product with dloss rounds (u |dx|), and the result
-    is stored in the logits' dtype (store |dx|, one rounding into its subnormals:
-    floor). Ignored rows must be exactly 0.
+    p_ij = exp(z_j - lse) from an fp32 lse (saved, or the log_softmax output): the
+    exponent errs by the lse error plus u (2 |z_j - lse| + EXP_ULPS). As for softmax, an
+    exponent error E moves p by at most min(1, p e^E) (1 - e^-E): p E for small E, up to
+    all of [0, 1] otherwise (logits where u |lse| > 1 leave no correct digit). Then
+    p - onehot rounds (u |g|), the product with dloss (u |dx|), the store in the logits'
+    dtype (store |dx| + floor). Ignored rows: exactly 0.
 
-    Fused kernels (Liger-Kernel's) compute g = p - onehot in the forward and keep it
-    in the logits' dtype; the backward only scales it by dloss: g rounds once in
-    that dtype (store |g| relative, |dx| = dl |g|; into its subnormals, one floor
-    scaled by dl), and the scaled result once more (store |dx|). The old rule allowed
-    the logits' dtype one rounding only, so such a correct kernel failed at 0.76 ulp
-    of float16 (1.05x). PyTorch's own path (``F.cross_entropy`` on float16 or bfloat16
-    logits) keeps log p = (z - m) - log s in the logits' dtype for its backward instead,
-    with log s itself rounded to that dtype on CPU (an fp16 log p off by 0.76 of its
-    ulp was seen): two roundings of |z - lse|, an absolute error 2 store |z - lse| in
-    the exponent, which for small p is 2 store |log p| relative (p = 0.0019 in
-    float16: 6.1 u of dx), a strategy the old rule missed.
+    Two more roundings in the logits' dtype, of correct strategies: fused kernels
+    (Liger-Kernel's) keep g = p - onehot from the forward in that dtype and scale it by
+    dloss (store |g| and a floor, times dl); PyTorch's path (``F.cross_entropy`` on fp16
+    or bf16) keeps log p = (z - m) - log s there, log s itself rounded to it on CPU: two
+    roundings of |z - lse|, 2 store |z - lse| in the exponent (2 store |log p| relative
+    for small p).
     """
     device = backend.device()
     logits, target = float64_on(logits, device), _targets(target, device)
     parts = _cross_entropy_parts(logits)
     finite, lse = parts[0], parts[3]
     ignored = target == ignore_index
-    # elementwise, not an index assignment (CUDA's deterministic index_put_ misplaced rows
-    # once in this suite: docs/third-party/torch.md)
+    # elementwise, not an index assignment (CUDA's deterministic index_put_ can misplace
+    # rows: docs/third-party/torch.md)
     cols = torch.arange(logits.shape[-1], device=device)
     onehot = ((cols[None, :] == target[:, None]) & ~ignored[:, None]).to(torch.float64)
     u = p.compute

@@ -1,24 +1,18 @@
 """Tolerance rules of the RMSNorm family: rms_norm and add_rms_norm, forward and gradients.
 
-The pieces (unit roundoff, sum bounds, floors, SAFETY) are in :mod:`tritoncheck.tolerance`.
-Rules are evaluated in float64 torch on the suite's device; arguments may be NumPy
-arrays or tensors, results are NumPy (:func:`rms_norm_xhat`, a piece, returns tensors).
+Pieces and notation: :mod:`tritoncheck.tolerance`. Evaluated in float64 torch on the
+suite's device; arguments NumPy arrays or tensors, results NumPy (the piece
+:func:`rms_norm_xhat` returns tensors).
 
-The casting mode (``p.rms_norm_cast``, declared by the implementation as
-``rms_norm_cast``) decides one term of each rule:
+The declared cast (``p.rms_norm_cast``) decides one term of each rule, an exact rounding
+added outside SAFETY as the store is:
 
-* ``"after_weight"``: ``x * rstd * weight`` in fp32, rounded once to the input dtype:
-  the store's ``u(out) |y|`` and nothing more.
-* ``"before_weight"`` (Llama / Hugging Face): ``t = x_hat`` rounded to the input dtype
-  (``u(out) |x_hat|``, or the dtype's subnormal spacing p.floor near underflow), then
-  ``t * weight`` rounded in the dtype, which is the store. In y that is
-  ``(u(out) |x_hat| + p.floor) |weight|`` beyond the store. The same rounded ``t`` is what
-  autograd multiplies by ``dy`` for dweight (each product rounded in the dtype too), and
-  the backward of ``weight * t`` forms ``g = weight * dy`` in the dtype: ``u(out) |g|``
-  where ``"after_weight"`` has ``u(fp32) |g|``.
-
-These are exact rounding bounds, added outside SAFETY (as the store is), not
-approximations of the fp32 arithmetic.
+* ``"after_weight"``: ``x * rstd * weight`` in fp32, rounded once to the input dtype: the
+  store's ``u(out) |y|`` only.
+* ``"before_weight"`` (Llama / Hugging Face): ``t = x_hat`` rounded to the input dtype,
+  then ``t * weight`` rounded there (the store): ``(u(out) |x_hat| + p.floor) |weight|``
+  beyond the store in y. Autograd multiplies the same ``t`` by ``dy`` for dweight (in the
+  dtype) and forms ``g = weight * dy`` in the dtype: ``u(out) |g|`` for ``u(fp32) |g|``.
 """
 from __future__ import annotations
 
@@ -36,16 +30,14 @@ SUB32 = TINY32 * float(torch.finfo(torch.float32).eps)  # fp32's subnormal spaci
 
 def _cast_unit(p: Precision) -> tuple[float, float]:
     """(relative, absolute) rounding of the normalised row and of the products with it
-    (g = w dy, dy t): the input dtype's unit and subnormal spacing p.floor where the
-    row is rounded before the weight, fp32's unit and nothing otherwise (fp32's own
-    underflow is in the p.floor terms every rule has)."""
+    (g = w dy, dy t): the input dtype's u and p.floor for ``"before_weight"``, else fp32's
+    u and 0 (fp32's underflow is in every rule's p.floor)."""
     return (p.store, p.floor) if p.rms_norm_cast == "before_weight" else (p.compute, 0.0)
 
 
 def input_error(h, p: Precision) -> torch.Tensor:
-    """Error of ``h = x + residual`` as an implementation forms it: the exact sum rounded
-    once to the input dtype (the contract's ``h``, which the normalisation reads):
-    p.store |h|, or the dtype's subnormal spacing (p.floor) near underflow."""
+    """Error of ``h = x + residual``, the exact sum rounded once to the input dtype (the
+    contract's ``h``, which the normalisation reads): p.store |h| + p.floor."""
     h = float64_on(h)
     return p.store * h.abs() + p.floor
 
@@ -57,16 +49,14 @@ def rms_norm_xhat(h, eps: float, p: Precision, input_err=None):
 
     Derivation (u = u(fp32), the compute precision; n = row length; ms = mean(h^2)):
 
-    * ms: n squares (each rounds, u), summed (n same-sign terms: sum_error(n)), divided
-      by n (u): relative error sum_error(n) + 2u. No cancellation: unlike layer norm's
-      variance, RMSNorm is well conditioned on every row. A square below fp32's smallest
-      normal may be flushed to zero: at most TINY32 in the mean. An input error e_i
-      (``input_err``: h formed in the input dtype) moves ms by 2 mean(|h| e).
-    * rstd = 1 / sqrt(ms + eps): half ms's error relative to ms + eps (eps is exact and
-      damps it), plus the rounding of the add, the sqrt and the division, or of an
-      approximate rsqrt on a GPU: (2 + EXP_ULPS) u.
-    * an input below fp32's smallest normal may be flushed (GPU FTZ; the interpreter also
-      misreads bf16 subnormals by less than that): an absolute p.floor in h, times rstd.
+    * ms: n squares (u each), summed (sum_error(n), same sign: no cancellation, so RMSNorm
+      is well conditioned on every row), divided by n (u): sum_error(n) + 2u relative. A
+      square below fp32's smallest normal may be flushed: TINY32 in the mean. An input
+      error e_i (``input_err``: h formed in the input dtype) moves ms by 2 mean(|h| e).
+    * rstd = 1 / sqrt(ms + eps): half ms's error relative to ms + eps (eps is exact), plus
+      the add, the sqrt and the division, or an approximate rsqrt: (2 + EXP_ULPS) u.
+    * an input below fp32's smallest normal may be flushed (GPU FTZ; the interpreter
+      misreads bf16 subnormals by less than that): p.floor in h, times rstd.
     * x_hat = h * rstd: eta = rstd (e + p.floor) + |x_hat| (eps_r + u).
     """
     u = p.compute
@@ -85,10 +75,9 @@ def rms_norm_xhat(h, eps: float, p: Precision, input_err=None):
 def rms_norm(h, weight, y, eps: float, p: Precision, input_err=None) -> np.ndarray:
     """Allowed absolute error of y = x_hat * weight.
 
-    |weight| times the x_hat bound of :func:`rms_norm_xhat`, plus the rounding of the
-    product in fp32 (u |x_hat w|); SAFETY on all of it. Then the exact roundings: the
-    store u(out) |y|, p.floor near underflow, and for ``"before_weight"`` the rounding
-    of x_hat to the input dtype, (u(out) |x_hat| + p.floor) |w| (module docstring).
+    |weight| times the x_hat bound (:func:`rms_norm_xhat`) plus the product's rounding
+    u |x_hat w|, under SAFETY; then the exact roundings: the store u(out) |y|, p.floor,
+    and for ``"before_weight"`` (u(out) |x_hat| + p.floor) |w| (module docstring).
     """
     eta, _, _, xhat = rms_norm_xhat(h, eps, p, input_err)
     aw, ay = float64_on(weight).abs(), float64_on(y).abs()
@@ -106,25 +95,21 @@ def rms_norm_grad(h, weight, dy, dx, dweight, eps: float, p: Precision, input_er
         dx      = rstd (g - x_hat c1)        (+ dh: add_rms_norm's gradient through h)
         dweight = sum over rows of dy x_hat
 
-    x_hat carries eta and rstd eps_r (:func:`rms_norm_xhat`, with the input error of h
-    for add_rms_norm: the gradient is evaluated at the rounded h the forward normalised).
-    g rounds (u_c |g| + f_c, u_c and f_c the cast's relative and absolute units: the input
-    dtype's and its subnormal spacing for ``"before_weight"``, fp32's and 0 otherwise; a
-    w dy of 1e-4 is subnormal in fp16, and rstd = 1e3 magnifies its rounding); c1 is a mean
-    of n products: mean(|g| eta) + (sum_error(n) + 3u) mean(|g x_hat|) + mean(|x_hat| (u_c |g|
-    + f_c)). T = g - x_hat c1 errs by u_c |g| + f_c + eta |c1| + (|x_hat| + eta) dc1 (the second-order eta dc1 kept, as in layer
-    norm's rule, for rows where eta is not small) plus two roundings of each of its terms,
-    and dx = rstd T by rstd dT + (eps_r + u) |rstd T|; plus the underflow of the expanded
-    form's rstd^3 (see the code). Adding dh rounds once more in
-    fp32: u (|rstd T| + |dh|); an unfused implementation rounds the gradient through the
-    normalisation to the input dtype before autograd adds dh to it there (both are
-    gradients of the same h): one more exact rounding, u(out) |rstd T| + p.floor, outside
-    SAFETY.
+    x_hat carries eta and rstd eps_r (:func:`rms_norm_xhat`; add_rms_norm's with h's input
+    error: the gradient is taken at the rounded h the forward normalised). g rounds
+    (u_c |g| + f_c, the cast's units, :func:`_cast_unit`; f_c matters: w dy = 1e-4 is
+    subnormal in fp16, and rstd = 1e3 magnifies it); c1, a mean of n products, errs by
+    mean(|g| eta) + (sum_error(n) + 3u) mean(|g x_hat|) + mean(|x_hat| (u_c |g| + f_c)).
+    T = g - x_hat c1 errs by u_c |g| + f_c + eta |c1| + (|x_hat| + eta) dc1 (second-order
+    eta dc1 kept, as in layer norm's rule) plus two roundings of each term, and
+    dx = rstd T by rstd dT + (eps_r + u) |rstd T|, plus the expanded form's rstd^3
+    underflow (see the code). Adding dh rounds in fp32: u (|rstd T| + |dh|); an unfused
+    implementation first rounds the gradient through the normalisation to the input
+    dtype: u(out) |rstd T| + p.floor more, outside SAFETY.
 
-    dweight: each row's term dy x_hat errs by |dy| (eta + u_c |x_hat| + f_c) (the
-    normalised row, rounded to the dtype for ``"before_weight"``) plus the product's
-    rounding u_c |dy x_hat| + f_c; the sum over the M rows in fp32 adds sum_error(M)
-    sum |dy x_hat|. Near underflow each stored term may lose p.floor: M p.floor.
+    dweight: each row's dy x_hat errs by |dy| (eta + u_c |x_hat| + f_c) (x_hat rounded for
+    ``"before_weight"``) plus the product's u_c |dy x_hat| + f_c; the fp32 sum over M rows
+    adds sum_error(M) sum |dy x_hat|; near underflow M p.floor.
 
     SAFETY on each bound; the store costs u(out) |result|; p.floor (dx: also a flushed
     w dy, times rstd).
@@ -142,10 +127,9 @@ def rms_norm_grad(h, weight, dy, dx, dweight, eps: float, p: Precision, input_er
            + (float(sum_error(n, u)) + 3 * u + u_c) * gx)
     t = g - xhat * c1
     dt = u_c * ag + f_c + eta * c1.abs() + (xhat.abs() + eta) * dc1 + 2 * u * (ag + (xhat * c1).abs())
-    # Autograd through torch.rsqrt (the plain-PyTorch form) expands dx = rstd g - x rstd^3 mean(g x);
-    # rstd^3 and -0.5 rstd^3 sum(g x) fall below fp32's smallest subnormal on rows with
-    # mean(x^2) past ~1e30 (rstd < ~1e-15), which are in the domain: each errs by up to the
-    # subnormal spacing SUB32, times |x| mean|g x| = |x_hat| |c1| / rstd^2 and 2 |x| / N.
+    # Autograd through torch.rsqrt expands dx = rstd g - x rstd^3 mean(g x); rstd^3 and
+    # -0.5 rstd^3 sum(g x) underflow for mean(x^2) past ~1e30 (in the domain): each off by
+    # up to SUB32, times |x| mean|g x| = |x_hat| |c1| / rstd^2 and 2 |x| / N.
     dx_bound = (r * dt + (eps_r + u) * r * t.abs()
                 + SUB32 * xhat.abs() * (c1.abs() / (r * r) + 2 / (n * r)))
     through_h = 0.0

@@ -1,39 +1,20 @@
 """Tolerance core: the rounding units, sum bounds and floors every family's rules use.
 
-The rules themselves live beside their families: ``properties/softmax_tolerance.py``,
-``attention_tolerance.py``, ``norms_tolerance.py``, ``losses_tolerance.py``,
-``elementwise_tolerance.py``, ``linear_attention_tolerance.py``. Each says how far
-from the fp64 reference an output may be, per element, from the pieces below.
+The rules (``properties/<family>_tolerance.py``) bound each output's distance from the
+fp64 reference by first-order rounding-error bounds built from these pieces. Notation:
 
-Every rule is a first-order rounding-error bound, not a tuned number. The pieces:
+* ``u``: unit roundoff, half the machine epsilon: fp64 2^-53, fp32 2^-24, fp16 2^-11,
+  bf16 2^-8, tf32 2^-11. ``p.store``: storing an fp32 result in the output dtype,
+  ``u(out) |y|`` (2 u for the interpreter's truncating fp32 -> bf16 store).
+* ``p.compute``: fp32 arithmetic (the contract's "accumulate in fp32"), u(fp32) per
+  operation; ``tl.exp`` on NVIDIA GPUs (``ex2.approx`` after a product with log2(e))
+  costs ``EXP_ULPS u`` plus ``u |argument|``.
+* ``p.dot``: per product of a ``tl.dot``: on fp32 inputs tf32 on NVIDIA GPUs unless the
+  kernel declares ``input_precision="ieee"`` (operands rounded to tf32: 2 u(tf32)), fp32
+  under the interpreter. Sums: :func:`sum_error`; near underflow: :func:`underflow_floor`.
 
-* ``u``: unit roundoff of a format, half its machine epsilon: fp64 2^-53, fp32
-  2^-24, fp16 2^-11, bf16 2^-8, tf32 2^-11 (10 explicit mantissa bits).
-* Storing an fp32 result in the output dtype costs ``u(out) * |y|``. Under the
-  Triton interpreter an fp32 -> bf16 store truncates instead of rounding to nearest
-  (design notes), which costs up to one ulp = ``2 u``.
-* Arithmetic runs in fp32 (the contract's "accumulate in fp32"): each operation adds
-  a relative ``u(fp32)``. ``tl.exp`` on NVIDIA GPUs is ``ex2.approx`` after a
-  multiplication by log2(e): relative error of a few ulps plus ``u * |argument|``.
-* A sum of n same-sign terms: any order gives at most ``n u`` (Higham, Accuracy and
-  Stability, 2nd ed., eq. 4.4); with independent rounding errors the error exceeds
-  ``lambda sqrt(n) u`` only with probability ``2 exp(-lambda^2 / 2)`` (Higham and
-  Mary, SIAM J. Sci. Comput. 2019). A tree or blocked sum (Triton's ``tl.sum``,
-  blocked loops) is bounded by ``(log2 n + n / block) u``. We use
-  ``(log2 n + 5 sqrt n) u``: the tree bound plus the probabilistic bound at
-  lambda = 5 (a false alarm per sum of about 1e-5).
-* Dot products on fp32 inputs run as tf32 on NVIDIA GPUs unless the kernel asks for
-  ``input_precision="ieee"``: each operand is rounded to tf32 first, a relative error
-  of ``2 u(tf32)`` per product. The interpreter computes them in full fp32.
-* Near underflow: rounding into the output dtype's subnormal range errs by up to its
-  subnormal spacing (fp16: 2^-24), and an fp32 intermediate below fp32's smallest
-  normal may be flushed to zero (FTZ in GPU math functions): an absolute floor of
-  the larger of the two.
-* ``SAFETY = 2`` covers the second-order terms the first-order bounds drop, and the
-  freedom of an implementation to order its operations differently.
-
-A tolerance is never widened to turn a test green without a sentence beside the rule
-saying why the old rule was wrong.
+A tolerance is widened only with the derivation of the missing term beside the rule; why
+the previous rule was wrong belongs in the commit message.
 """
 from __future__ import annotations
 
@@ -44,21 +25,16 @@ import torch
 
 from tritoncheck import backend
 
-# Where the three constants come from:
 # * SAFETY = 2: first-order bounds drop products of two rounding errors (n^2 u^2 for a sum
 #   of n terms, below 1e-3 of the first-order term while n u < 1e-3) and fix one order of
-#   operations; a correct kernel may reassociate (blocked sums, fused multiply-adds). A
-#   factor 2 on the first-order bound covers both, the same factor flash-attention's tests
-#   allow a kernel over PyTorch's own error. Where a second-order term is not small (a
-#   rule's relative error bound itself near 1), the rule carries it explicitly.
-# * EXP_ULPS = 4: the CUDA C++ Programming Guide's accuracy tables give expf and exp2f
-#   2 ulp and logf 1 ulp over the full range; the fast paths tl.exp lowers to (a multiply
-#   by log2(e), then ex2.approx) add an argument-dependent error that the rules charge
-#   separately as u |argument|. 4 ulp is that 2 ulp with SAFETY's factor 2 applied once.
-# * SUM_LAMBDA = 5: Higham and Mary (SIAM J. Sci. Comput. 41(5), 2019, Theorem 2.4): with
-#   independent rounding errors a sum of n terms errs by more than lambda sqrt(n) u only
-#   with probability at most 2 exp(-lambda^2 / 2), 7.5e-6 at lambda = 5. Rules multiply it
-#   by SAFETY, so the probabilistic part acts at lambda = 10: 2 exp(-50) = 3.9e-22 per sum.
+#   operations where a correct kernel may reassociate (blocked sums, fused multiply-adds);
+#   2 covers both (flash-attention's tests allow a kernel the same factor over PyTorch). A
+#   rule whose second-order term is not small carries it explicitly.
+# * EXP_ULPS = 4: expf and exp2f are 2 ulp, logf 1 ulp (CUDA C++ Programming Guide), times
+#   SAFETY once; the fast path's argument-dependent error is charged apart, u |argument|.
+# * SUM_LAMBDA = 5: Higham and Mary (SIAM J. Sci. Comput. 41(5), 2019, Thm 2.4): a sum of
+#   n terms with independent rounding errors exceeds lambda sqrt(n) u with probability at
+#   most 2 exp(-lambda^2 / 2); under SAFETY lambda acts as 10: 2 exp(-50) = 3.9e-22 a sum.
 SAFETY = 2.0
 EXP_ULPS = 4.0  # relative error of exp / exp2 / log in units of u(fp32), GPU approx paths included
 SUM_LAMBDA = 5.0
@@ -76,16 +52,19 @@ def unit_roundoff(dtype: torch.dtype) -> float:
 
 
 def underflow_floor(dtype: torch.dtype) -> float:
-    """Absolute error allowed for a result near underflow: the spacing of the dtype's
-    subnormals, or fp32's smallest normal number (an fp32 intermediate that GPU math
-    may flush to zero), whichever is larger (module docstring)."""
+    """Absolute error allowed near underflow: rounding into the dtype's subnormals errs by
+    up to their spacing, and an fp32 intermediate below fp32's smallest normal may be
+    flushed to zero (GPU FTZ): the larger of the two."""
     info = torch.finfo(dtype)
     return max(float(info.tiny) * float(info.eps), float(torch.finfo(torch.float32).tiny))
 
 
 def sum_error(n, u: float = U32):
-    """Relative error bound of a sum of ``n`` same-sign terms (see the module docstring);
-    ``n`` an int, a NumPy array or a torch tensor (the result is of the same kind)."""
+    """Relative error bound of a sum of ``n`` same-sign terms: ``(log2 n + SUM_LAMBDA sqrt n) u``,
+    the tree bound plus the probabilistic one (SUM_LAMBDA, above). Any order gives at most
+    ``n u`` (Higham, Accuracy and Stability, 2nd ed., eq. 4.4), a tree or blocked sum
+    (``tl.sum``, blocked loops) ``(log2 n + n / block) u``. ``n`` an int, a NumPy array or a
+    tensor (the result of the same kind)."""
     if isinstance(n, torch.Tensor):
         n = n.to(torch.float64).clamp(min=1)
         return u * (torch.log2(n) + SUM_LAMBDA * torch.sqrt(n))
@@ -109,14 +88,12 @@ class Precision:
     def of(cls, dtype: torch.dtype, backend: str, fp32_dot_precision: str | None = None) -> "Precision":
         store = unit_roundoff(dtype)
         if backend == "interpret" and dtype == torch.bfloat16:
-            # The interpreter truncates fp32 -> bf16 conversions (1.51171875 -> 1.5078125,
-            # not 1.515625) and mangles bf16 subnormals converted to or from fp32
-            # (1e-39 -> 5.9e-39, 5e-40 -> 0; seen on Triton 3.9). The first doubles u;
-            # the second stays below fp32's smallest normal 1.2e-38, the floor below.
+            # The interpreter truncates fp32 -> bf16 (one ulp: 2 u) and garbles bf16
+            # subnormals by less than fp32's smallest normal, which the floor covers.
             store *= 2
         dot = U32
         if dtype == torch.float32 and backend == "cuda" and fp32_dot_precision != "ieee":
-            # Triton's default on NVIDIA: tf32 for fp32 tl.dot (an undeclared kernel is assumed to use it).
+            # Triton's default on NVIDIA, assumed for an undeclared kernel: tf32 for fp32 tl.dot.
             dot = 2 * U_TF32
         return cls(dtype=dtype, backend=backend, store=store, compute=U32, dot=dot, floor=underflow_floor(dtype))
 
@@ -158,15 +135,12 @@ TF32X3_DOT = 2.0**-21  # relative error per product of a 3-pass tf32 ("tf32x3") 
 def declared_dot(p: Precision, fp32_dot_precision: str | None) -> Precision:
     """``p`` with the dot-product unit of a kernel that declares ``"tf32x3"``.
 
-    ``Precision.of`` knows "ieee" and "tf32" only and treats anything else on CUDA as
-    tf32 (2 u(tf32) = 2^-10 per product, for fp32 inputs only). "tf32x3" splits each
-    fp32 operand into a tf32 high part and a tf32 low part (a = a_hi + a_lo + r,
+    "tf32x3" splits each fp32 operand into tf32 high and low parts (a = a_hi + a_lo + r,
     |r| <= 2^-22 |a|) and sums three tf32 products (hi hi, hi lo, lo hi) in fp32: the
-    dropped lo lo product and the two residuals are each about 2^-22 relative, so a
-    product carries ~ 3 * 2^-22 < 2^-21 relative error. It applies to every input dtype
-    when the kernel casts its operands to fp32 before ``tl.dot`` (its fp32 intermediates,
-    e.g. the scores Q K^T or the state S, are not exact in tf32 whatever the input
-    dtype). The interpreter computes every fp32 dot in full fp32 (``p`` unchanged).
+    dropped lo lo product and the two residuals are each about 2^-22 relative, so
+    ~ 3 * 2^-22 < 2^-21 per product. It applies to every input dtype, since the kernel's
+    fp32 intermediates (scores Q K^T, the state S) are not exact in tf32. (``Precision.of``
+    treats any other CUDA declaration but "ieee" as tf32.) Interpreter: ``p`` unchanged.
     """
     if p.backend == "cuda" and fp32_dot_precision == "tf32x3":
         return replace(p, dot=TF32X3_DOT)
@@ -182,9 +156,7 @@ def declared_cast(p: Precision, rms_norm_cast: str | None) -> Precision:
 
 
 # A dot operand below fp32's smallest normal may be read as another value within about
-# that much: GPUs flush subnormals to zero, and the Triton interpreter converts bf16
-# subnormals to fp32 wrongly (1.38e-39 is read as 1.03e-38, 1.3e-40 as 0; seen on Triton
-# 3.9, on loads and on stores), and a 3-pass tf32 dot ("tf32x3") loses the low part
-# a - tf32(a) of an operand within 2^11 of it (that part is subnormal). Each product
-# of a dot may so err by DOT_READ_FLOOR times the other operand.
+# that much (GPU FTZ; the interpreter's bf16 subnormal conversion on loads and stores; a
+# "tf32x3" dot drops the subnormal low part a - tf32(a) of an operand within 2^11 of it):
+# each product of a dot may err by DOT_READ_FLOOR times the other operand.
 DOT_READ_FLOOR = float(torch.finfo(torch.float32).tiny)
