@@ -1,6 +1,6 @@
 """Planted bugs in the linear_attention family (patches of ``kernels/linear_attention.py``).
 
-Each mutant is one exact source patch of the project kernel; see ``mutants/__init__``.
+Each mutant is one exact source patch of the project kernel; see ``tritoncheck/mutation.py``.
 Triggers refer to the kernel's chunk sizes ``(16, 32, 64)`` (default 64): a causal bug
 that lives at chunk boundaries needs N larger than the chunk in use.
 """

@@ -1,6 +1,6 @@
 """Planted bugs in the norms family (patches of ``kernels/norms.py``).
 
-Each mutant is one exact source patch of the project kernel; see ``mutants/__init__``.
+Each mutant is one exact source patch of the project kernel; see ``tritoncheck/mutation.py``.
 Triggers below are for the block / group caps of ``tritoncheck.kernels.norms`` (``BLOCK_N`` is
 capped at 64 under the interpreter and 4096 on a GPU; backward uses at most 4 row
 groups under the interpreter and 256 on a GPU).

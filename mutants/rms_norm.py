@@ -1,6 +1,6 @@
 """Planted bugs in the RMSNorm family (patches of ``kernels/rms_norm.py``).
 
-Each mutant is one exact source patch of the project kernel; see ``mutants/__init__``.
+Each mutant is one exact source patch of the project kernel; see ``tritoncheck/mutation.py``.
 Triggers are for the kernel's caps: ``BLOCK_N`` at most 64 under the interpreter and
 4096 on a GPU; the backward's row groups at most 4 under the interpreter, 256 on a GPU.
 """

@@ -16,7 +16,7 @@ $SAN --tool racecheck python3 scripts/memcheck.py --examples 2 --op softmax --op
     > "$OUT/memcheck/racecheck.log" 2>&1
 echo "racecheck, reductions: exit $? (0 = clean)"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$OUT/memcheck/racecheck.log" | tail -n 3
 
-$SAN --tool memcheck python3 scripts/memcheck.py --examples 1 --impl swiglu=mutants.memory:store_past_the_end \
+$SAN --tool memcheck python3 scripts/memcheck.py --examples 1 --impl swiglu=tritoncheck.mutants.memory:store_past_the_end \
     > "$OUT/memcheck/mutant.log" 2>&1
 echo "memcheck, store_past_the_end mutant: exit $? (7 = flagged, as it must be)"
 grep -m 3 -E "Invalid __global__ write|ERROR SUMMARY" "$OUT/memcheck/mutant.log"
