@@ -146,6 +146,11 @@ def pytest_cmdline_main(config):
     n = config.getoption("--max-examples")
     if n is not None and n < 1:
         raise pytest.UsageError(f"--max-examples {n}: must be at least 1")
+    if config.getoption("--list-ops"):
+        backend.select(config.getoption("--backend"))
+        from tritoncheck import contract
+        print(contract.markdown_table())
+        return 0
     report_dir = Path(config.getoption("--report-dir"))
     try:
         report_dir.mkdir(parents=True, exist_ok=True)
@@ -154,11 +159,6 @@ def pytest_cmdline_main(config):
         probe.unlink()
     except OSError as exc:
         raise pytest.UsageError(f"--report-dir {str(report_dir)!r}: cannot write there ({exc.strerror or exc})") from None
-    if config.getoption("--list-ops"):
-        backend.select(config.getoption("--backend"))
-        from tritoncheck import contract
-        print(contract.markdown_table())
-        return 0
     return None
 
 
