@@ -98,3 +98,10 @@ def test_the_plugin_is_inert_in_a_run_that_did_not_ask_for_it(tmp_path):
     done = _run(["-m", "pytest", "-q", "test_unrelated.py"], tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert not (tmp_path / "reports").exists()
+
+
+def test_list_ops_prints_the_contract_and_writes_nothing(tmp_path):
+    done = _run(["-m", "tritoncheck", "--list-ops"], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| `softmax` | `softmax(x, temperature=1.0) -> y` |" in done.stdout
+    assert list(tmp_path.iterdir()) == []
