@@ -42,7 +42,7 @@ other rows are in the call (declared ``batch_invariant = True``).
 
 Rows longer than one block loop over column blocks of ``BLOCK_N`` columns, capped at
 ``MAX_BLOCK_N_CUDA`` (4096) on a GPU and ``MAX_BLOCK_N_INTERPRET`` (64) under the
-interpreter; tests may lower either cap (read at call time). Layouts: ``x [..., N]`` is
+interpreter, layer norm's caps (``kernels/norms.py``; tests may lower either, read at call time). Layouts: ``x [..., N]`` is
 viewed as ``[M, N]`` (a copy only when the leading dims do not merge) and its strides
 are passed to the kernels, as are the weight's.
 """
@@ -50,49 +50,25 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 
 import torch
 import triton
 import triton.language as tl
 
+# The launch sizing (column blocks, backward row groups) and the tensor checks are layer
+# norm's: one row-wise normalisation per program, the same caps on each backend.
+from tritoncheck.kernels.norms import (
+    DTYPES,
+    _check_tensor,
+    _interpreting,
+    _rows,
+    block_n_for,
+    groups_for,
+    num_warps_for,
+)
 from tritoncheck.kernels.specialisation import unspecialised_jit
 
 __all__ = ["rms_norm", "add_rms_norm"]
-
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-MIN_BLOCK_N = 16
-MAX_BLOCK_N_CUDA = 4096
-MAX_BLOCK_N_INTERPRET = 64
-MAX_GROUPS_CUDA = 256
-MAX_GROUPS_INTERPRET = 4
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def _on_gpu(device: torch.device) -> bool:
-    return device.type == "cuda" and not _interpreting()
-
-
-def block_n_for(n: int, device: torch.device) -> int:
-    """Next power of two of ``n``, clamped to [MIN_BLOCK_N, the device's cap]."""
-    cap = MAX_BLOCK_N_CUDA if _on_gpu(device) else MAX_BLOCK_N_INTERPRET
-    return max(MIN_BLOCK_N, min(triton.next_power_of_2(n), cap))
-
-
-def num_warps_for(block_n: int) -> int:
-    return max(1, min(block_n // 256, 16))
-
-
-def groups_for(m: int, device: torch.device) -> tuple[int, int]:
-    """(row groups G, rows per group) of the backward's dweight partial sums."""
-    cap = MAX_GROUPS_CUDA if _on_gpu(device) else MAX_GROUPS_INTERPRET
-    rows_per_group = triton.cdiv(m, min(m, cap))
-    return triton.cdiv(m, rows_per_group), rows_per_group
-
 
 # --------------------------------------------------------------------------- kernels
 
@@ -238,13 +214,6 @@ def _rms_norm_bwd_dw_kernel(
 # --------------------------------------------------------------------------- validation
 
 
-def _check_tensor(name: str, t) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in DTYPES:
-        raise TypeError(f"{name} has unsupported dtype {t.dtype}; supported: float32, float16, bfloat16")
-
-
 def _check_inputs(x, weight, eps, residual=None) -> int:
     """Refuse bad input naming the argument; returns N."""
     named = [("x", x)] + ([("residual", residual)] if residual is not None else []) + [("weight", weight)]
@@ -272,11 +241,6 @@ def _check_inputs(x, weight, eps, residual=None) -> int:
     if not (math.isfinite(eps) and eps > 0):
         raise ValueError(f"eps must be finite and > 0, got {eps}")
     return n
-
-
-def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
-    """``t [..., N]`` as ``[M, N]``: a view when the leading dims merge, else a copy."""
-    return t.reshape(-1, n)
 
 
 # --------------------------------------------------------------------------- launches

@@ -19,8 +19,9 @@ _WEIGHT_AT_BLOCK_OFFSET = [("        w = tl.load(W + cols * stride_w, mask=mask,
                             "        y = h * rstd * w\n",
                             "        w = tl.load(W + offs * stride_w, mask=mask, other=0.0).to(tl.float32)\n"
                             "        y = h * rstd * w\n")]
+# 16: the smallest column block (kernels/norms.py MIN_BLOCK_N)
 _BATCH_DEPENDENT_BLOCK = [("        block_n = block_n_for(n, x2.device)\n        r = r2 if",
-                           "        block_n = block_n_for(n, x2.device) if m >= 4 else MIN_BLOCK_N\n        r = r2 if")]
+                           "        block_n = block_n_for(n, x2.device) if m >= 4 else 16\n        r = r2 if")]
 
 # ----------------------------------------------------------------- rms_norm
 

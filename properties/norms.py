@@ -24,8 +24,7 @@ from tritoncheck import backend, parity, tolerance
 from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import generic_checks, gradients_match_reference, precision, run
-from tritoncheck.large_problem import LargeProblem, rows_past_int32
-from tritoncheck.large_problem import randn as large_randn
+from tritoncheck.large_problem import LargeProblem, row_wise
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
 from tritoncheck.parity import control_baseline
@@ -426,17 +425,6 @@ def seed_reproducible(case: Case, impl: Implementation) -> None:
 
 
 
-def _large_layer_norm(n: int, residual: bool):
-    def build(dtype, device):
-        m = rows_past_int32(n)
-        out = {"x": large_randn((m, n), dtype, device), "weight": large_randn((n,), dtype, device),
-               "bias": large_randn((n,), dtype, device)}
-        if residual:
-            out["residual"] = large_randn((m, n), dtype, device)
-        return out
-    return build
-
-
 def _dropout_residual_layer_norm_baseline(case, values, outs):
     """Plain PyTorch in the input dtype, given the implementation's own keep mask."""
     x, keep, p = values["x"], outs["keep"], values["p"]
@@ -457,7 +445,7 @@ register(OpSpec(
     kernel="tritoncheck.kernels.norms:layer_norm",
     controls=("tritoncheck.controls.norms:torch_layer_norm",),
     baseline=control_baseline("tritoncheck.controls.norms:torch_layer_norm"),
-    large_problem=LargeProblem(_large_layer_norm(4099, residual=False), "rows", ("x",),
+    large_problem=LargeProblem(row_wise(4099, "x", vectors=("weight", "bias")), "rows", ("x",),
                                whole_sum_grads=("weight", "bias")),
     bad_input=BadInput(
         lambda dims, device: {"x": randn((dims["b"], dims["n"]), device), "weight": randn((dims["n"],), device),
@@ -496,7 +484,7 @@ register(OpSpec(
     kernel="tritoncheck.kernels.norms:dropout_residual_layer_norm",
     controls=("tritoncheck.controls.norms:torch_dropout_residual_layer_norm",),
     baseline=_dropout_residual_layer_norm_baseline,
-    large_problem=LargeProblem(_large_layer_norm(4099, residual=True), "rows", ("x", "residual"),
+    large_problem=LargeProblem(row_wise(4099, "x", "residual", vectors=("weight", "bias")), "rows", ("x", "residual"),
                                params={"p": 0.0, "seed": 0}),
     bad_input=BadInput(
         lambda dims, device: {"x": randn((dims["b"], dims["n"]), device),

@@ -21,8 +21,7 @@ from tritoncheck import backend
 from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import generic_checks, gradients_match_reference, precision, run
-from tritoncheck.large_problem import LargeProblem, rows_past_int32
-from tritoncheck.large_problem import randn as large_randn
+from tritoncheck.large_problem import LargeProblem, row_wise
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
 from tritoncheck.properties import rms_norm_tolerance as rules
@@ -276,17 +275,6 @@ def _add_rms_norm_baseline(case, values, outs):
     return torch.nn.functional.rms_norm(h, (h.shape[-1],), values["weight"], values.get("eps", 1e-6)), h
 
 
-def _large_rms_norm(n: int, residual: bool):
-    """Rows of n (past one GPU block) that together pass 2**31 elements."""
-    def build(dtype, device):
-        m = rows_past_int32(n)
-        out = {"x": large_randn((m, n), dtype, device), "weight": large_randn((n,), dtype, device)}
-        if residual:
-            out["residual"] = large_randn((m, n), dtype, device)
-        return out
-    return build
-
-
 def _valid_call(residual: bool):
     def valid(dims, device):
         b, n = dims["b"], dims["n"]
@@ -334,7 +322,7 @@ register(OpSpec(
     kernel="tritoncheck.kernels.rms_norm:rms_norm",
     controls=("tritoncheck.controls.rms_norm:torch_rms_norm_llama", "tritoncheck.controls.rms_norm:torch_rms_norm_fp32"),
     baseline=_rms_norm_baseline,
-    large_problem=LargeProblem(_large_rms_norm(4099, residual=False), "rows", ("x",), whole_sum_grads=("weight",)),
+    large_problem=LargeProblem(row_wise(4099, "x", vectors=("weight",)), "rows", ("x",), whole_sum_grads=("weight",)),
     bad_input=RMS_NORM_BAD_INPUT,
     reference=ref.rms_norm,
     torch_reference=ref.rms_norm_torch,
@@ -364,7 +352,7 @@ register(OpSpec(
     controls=("tritoncheck.controls.rms_norm:torch_add_rms_norm_llama",
               "tritoncheck.controls.rms_norm:torch_add_rms_norm_fp32"),
     baseline=_add_rms_norm_baseline,
-    large_problem=LargeProblem(_large_rms_norm(4099, residual=True), "rows", ("x", "residual"),
+    large_problem=LargeProblem(row_wise(4099, "x", "residual", vectors=("weight",)), "rows", ("x", "residual"),
                                whole_sum_grads=("weight",)),
     bad_input=ADD_RMS_NORM_BAD_INPUT,
     reference=ref.add_rms_norm,

@@ -12,6 +12,7 @@ import torch
 
 from tritoncheck import backend
 from tritoncheck.controls import rms_norm as controls
+from tritoncheck.kernels import norms as norms_kernels
 from tritoncheck.kernels import rms_norm as kn
 from tritoncheck.kernels.rms_norm import add_rms_norm, rms_norm
 from tritoncheck.mutants import rms_norm as mutants
@@ -29,8 +30,8 @@ BOUND = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 def small_caps(monkeypatch):
     """The interpreter's block and group caps on a GPU too, so that both run the
     multi-block column loop (N > 64) and multi-row groups (M > 4) on small cases."""
-    monkeypatch.setattr(kn, "MAX_BLOCK_N_CUDA", 64)
-    monkeypatch.setattr(kn, "MAX_GROUPS_CUDA", 4)
+    monkeypatch.setattr(norms_kernels, "MAX_BLOCK_N_CUDA", 64)  # the caps the RMSNorm launches read
+    monkeypatch.setattr(norms_kernels, "MAX_GROUPS_CUDA", 4)
 
 
 def _np(t):
@@ -248,7 +249,7 @@ def _batch_gap(fn, *extra):
     return float(differ)
 
 
-_PAST_ONE_BLOCK = (kn.MAX_BLOCK_N_CUDA if DEVICE.type == "cuda" else kn.MAX_BLOCK_N_INTERPRET) + 36
+_PAST_ONE_BLOCK = (norms_kernels.MAX_BLOCK_N_CUDA if DEVICE.type == "cuda" else norms_kernels.MAX_BLOCK_N_INTERPRET) + 36
 MUTANT_TRIGGERS = {
     "rstd_without_eps": (lambda f: _fwd_gap(f, _rand((3, 37), seed=30, scale=1e-4), _rand((37,), seed=31)), 0.1),
     "mean_over_n_minus_1": (lambda f: _fwd_gap(f, _rand((3, 4), seed=32), _rand((4,), seed=33)), 0.1),

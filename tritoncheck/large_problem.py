@@ -51,10 +51,16 @@ def rows_past_int32(n: int) -> int:
     return PAST_INT32 // n + 1
 
 
-def row_wise(n: int, *names: str) -> Callable:
-    """Tensors ``names`` (default ``x``) of rows of ``n`` elements, past 2**31 each."""
+def row_wise(n: int, *names: str, vectors: tuple[str, ...] = ()) -> Callable:
+    """Tensors ``names`` (default ``x``) of rows of ``n`` elements, past 2**31 each, and
+    ``vectors`` of ``n`` elements (a norm's weight and bias)."""
     names = names or ("x",)
-    return lambda dtype, device: {name: randn((rows_past_int32(n), n), dtype, device) for name in names}
+
+    def build(dtype, device):
+        m = rows_past_int32(n)
+        return {**{name: randn((m, n), dtype, device) for name in names},
+                **{name: randn((n,), dtype, device) for name in vectors}}
+    return build
 
 
 def heads(n: int, d: int, positive=False, v_dim=None) -> Callable:
