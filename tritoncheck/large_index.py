@@ -33,8 +33,9 @@ SAMPLE = 6  # slices compared besides the ones at the ends and at the 2**31 boun
 
 def _problem(op: str) -> LargeProblem:
     problem = OPS[op].large_problem
-    if problem is None:
-        raise ValueError(f"{op}'s record declares no large_problem")
+    if not isinstance(problem, LargeProblem):
+        raise ValueError(f"{op}'s record declares no large_problem"
+                         + (f": {problem.reason}" if problem is not None else ""))
     return problem
 
 

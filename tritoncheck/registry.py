@@ -79,6 +79,18 @@ def _float64(v):
 
 
 @dataclass(frozen=True)
+class NotApplicable:
+    """A record's declared absence of a side check (``large_problem``, ``bad_input``) and
+    why: the record is complete with it, and the side check skips the op with the reason."""
+
+    reason: str
+
+    def __post_init__(self):
+        if not isinstance(self.reason, str) or not self.reason.strip():
+            raise ValueError("NotApplicable needs a reason: why the side check cannot apply to the op")
+
+
+@dataclass(frozen=True)
 class OpSpec:
     """Everything the suite knows about one op of the contract (``docs/contract.md``,
     generated from these records).
@@ -92,8 +104,14 @@ class OpSpec:
     ``controls`` (correct plain-PyTorch implementations, ``module:function``, that must pass
     every check), ``baseline`` (the same computation in plain PyTorch in the input dtype,
     ``(case, values, outs) -> outputs``, for ``--tolerance parity``), ``large_problem`` (its
-    input past 2**31 elements) and ``bad_input`` (invalid calls its wrapper must refuse).
-    tests/test_registry.py fails for an op that lacks any of them.
+    input past 2**31 elements) and ``bad_input`` (invalid calls its wrapper must refuse), or
+    :class:`NotApplicable` with the reason. tests/test_registry.py fails for an op that lacks any of them.
+
+    ``distributed``: the op's implementations run on ``CONFIG.world_size`` ranks at once
+    (``--cp-world-size``; tritoncheck/rank_pool.py), each rank a process of its own, called by
+    the op's checks rather than by ``Case.call``; the self-test hunts them in its own process
+    (the ranks already keep a planted bug's crash out of it, and a daemonic hunt child could
+    not start them).
     """
 
     name: str
@@ -118,8 +136,9 @@ class OpSpec:
     choices: Mapping[str, tuple] = field(default_factory=dict)
     controls: tuple[str, ...] = ()
     baseline: Callable[[Case, Mapping[str, Any], Mapping[str, torch.Tensor]], Any] | None = None
-    large_problem: LargeProblem | None = None
-    bad_input: BadInput | None = None
+    large_problem: LargeProblem | NotApplicable | None = None
+    bad_input: BadInput | NotApplicable | None = None
+    distributed: bool = False
 
     def __post_init__(self):
         if not self.name.isidentifier():
@@ -152,15 +171,22 @@ class OpSpec:
             raise ValueError(f"OpSpec {self.name!r}: controls must be 'module:function' strings, got {bad}")
         if self.baseline is not None and not callable(self.baseline):
             raise TypeError(f"OpSpec {self.name!r}: baseline must be callable")
+        if not isinstance(self.distributed, bool):
+            raise TypeError(f"OpSpec {self.name!r}: distributed must be a bool")
+        for name, kind in (("large_problem", LargeProblem), ("bad_input", BadInput)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (kind, NotApplicable)):
+                raise TypeError(f"OpSpec {self.name!r}: {name} must be a {kind.__name__} or NotApplicable(reason), "
+                                f"got {type(value).__name__}")
         self._check_large_problem()
-        if self.bad_input is not None:
+        if isinstance(self.bad_input, BadInput):
             unknown = {s.argument for s in self.bad_input.spoilers} - set(self.arguments)
             if unknown:
                 raise ValueError(f"OpSpec {self.name!r}: bad_input spoils {sorted(unknown)}, not arguments")
 
     def _check_large_problem(self) -> None:
         problem = self.large_problem
-        if problem is None:
+        if not isinstance(problem, LargeProblem):
             return
         if not set(problem.sliced) <= set(self.tensor_arguments):
             raise ValueError(f"OpSpec {self.name!r}: large_problem slices {problem.sliced}, not all tensor arguments")
