@@ -25,7 +25,7 @@ from hypothesis.vendor import pretty
 from tritoncheck import autotune_configs, backend, devices, refusals, registry
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import rule_name
-from tritoncheck.limits import OutsideLimits
+from tritoncheck.limits import NotApplicable, OutsideLimits
 from tritoncheck.oracle import recording
 from tritoncheck.poisoning import poisoned_allocations_for
 from tritoncheck.refusals import Refused
@@ -86,6 +86,8 @@ class Target:
         """A case from ``data``; a check that needs cases the declared limits exclude is skipped."""
         try:
             return data.draw(self.strategy(), label="case")
+        except NotApplicable as exc:
+            pytest.skip(str(exc))
         except OutsideLimits as exc:
             pytest.skip(f"{self.impl.name}'s declared limits exclude the cases this check needs: {exc}")
 
@@ -96,6 +98,9 @@ class Target:
         reason = self.impl.unsupported(self.dtype)
         if reason:
             return reason
+        reason = self.impl.not_applicable(self.check)
+        if reason:
+            return f"{reason} ({self.check.name} needs it)"
         if self.check.requires is not None:
             return self.check.requires(self.impl)
         return None
