@@ -372,6 +372,8 @@ register(OpSpec(
     choices={"causal": (False, True)},
     arguments=("q", "k", "v", "causal", "eps"),
     outputs=("o",),
+    # fla and most chunked kernels take [B, T, H, D]: fn.layout = "bnhd" passes and returns that
+    layouts={"bhnd": {}, "bnhd": {"q": (0, 2, 1, 3), "k": (0, 2, 1, 3), "v": (0, 2, 1, 3), "o": (0, 2, 1, 3)}},
     kernel="tritoncheck.kernels.linear_attention:linear_attention",
     controls=("tritoncheck.controls.linear_attention:torch_linear_attention",),
     baseline=control_baseline("tritoncheck.controls.linear_attention:torch_linear_attention"),

@@ -116,8 +116,8 @@ class Calling:
         missing = [o for o in outputs if o not in self.returns]
         if not missing:
             return None
-        return (f"not applicable: the implementation returns {', '.join(self.returns)} only (declared returns); "
-                f"this check needs {', '.join(missing)}")
+        return (f"not applicable: the implementation returns {', '.join(self.returns)} only (declared returns), "
+                f"no {', '.join(missing)}")
 
     def fixed(self) -> dict[str, Any]:
         """The optional arguments the function cannot take, at the defaults cases hold them to."""
