@@ -984,10 +984,11 @@ register(OpSpec(
             "`o = (P * keep / (1 - dropout_p)) v`; `lse` is dropout-free; the same seed gives the same mask; "
             "`dropout_p = 0` equals no dropout bit for bit; `return_keep=True` also returns the bool keep mask "
             "`[B, H, Nq, Nk]` (`(o, lse, keep)`; entries outside the band are unspecified), and the backward uses "
-            "the forward's mask. The arguments after `sm_scale` are passed (positionally) only up to the last one "
-            "that is not its default; an implementation whose signature stops before `dropout_p` skips the dropout "
-            "checks (not applicable, with the reason); one that stops at `seed` (no `return_keep`) has its mask "
-            "read off its training call (q = 0, one-hot v) by the checks that need it.",
+            "the forward's mask. The arguments after `sm_scale` are passed (by keyword where the signature takes "
+            "them) only up to the last one that is not its default; an implementation whose signature takes no "
+            "`dropout_p` and `seed` skips the dropout checks (not applicable, with the reason), one without "
+            "`window`, `alibi_slopes` or `softcap` the checks of that variant; one without `return_keep` has its "
+            "mask read off its training call (q = 0, one-hot v) by the checks that need it.",
     scalars=("causal", "sm_scale", "window", "softcap", "dropout_p", "seed", "return_keep"),
     dims={"B": ("q", 0), "H": ("q", 1), "Hkv": ("k", 1), "Nq": ("q", 2), "Nk": ("k", 2), "D": ("q", 3)},
     choices={"causal": (False, True), "sm_scale": SM_SCALES, "window": WINDOWS, "softcap": SOFTCAPS,
