@@ -330,8 +330,11 @@ device = "cuda" if "{backend}" == "cuda" else "cpu"
 inputs = {{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in torch.load(HERE / "{stem}.pt").items()}}
 args = [inputs[a] for a in {args}]
 impl, reference = load("{impl}"), load("{reference}")
-got = impl(*args, **{kwargs})
-got = got if isinstance(got, tuple) else (got,)
+from tritoncheck import registry  # noqa: E402
+
+# called as the run called it: its signature, declared argument names, layout and returns
+under_test = registry.Implementation.of("{op}", impl)
+got = under_test.outputs(under_test.call(inputs, {args}, {kwargs}))
 try:
     expected = reference(*[a.detach().cpu().double().numpy() if torch.is_tensor(a) and a.is_floating_point()
                            else (a.cpu().numpy() if torch.is_tensor(a) else a) for a in args])
@@ -339,8 +342,10 @@ try:
 except ValueError as exc:  # dropout: the reference needs the implementation's own mask
     print(f"no fp64 reference from these arguments alone: {{exc}}")
     expected = ()
-for name, g, e in zip({outputs}, got, expected):
-    g = g.detach().cpu().double().numpy()
+for name, e in zip({outputs}, expected):
+    if name not in got:  # an output it does not return (declared returns)
+        continue
+    g = got[name].detach().cpu().double().numpy()
     err = np.where(np.isfinite(e) & np.isfinite(g), np.abs(g - e), np.where(np.isnan(e) == np.isnan(g), 0.0, np.inf))
     i = np.unravel_index(int(np.argmax(err)), err.shape) if err.size else ()
     print(f"{op} output {{name}}: max |error| {{err.max() if err.size else 0:.3g}} at {{list(map(int, i))}} "
