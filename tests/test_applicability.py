@@ -101,6 +101,21 @@ def test_declared_layout_names_and_returns_call_the_function_directly():
     assert impl.not_applicable(by_name["causal_mask_respected"]) is None
 
 
+def test_a_contiguous_limit_means_contiguous_in_the_declared_layout():
+    def flash(q, k, v, *, softmax_scale=None, is_causal=False):
+        pass
+
+    flash.layout, flash.limits = "bnhd", {"contiguous": True}
+    flash.argument_names = {"sm_scale": "softmax_scale", "causal": "is_causal"}
+    impl = Implementation.of("attention", flash)
+    spec = TensorSpec(shape=(2, 3, 5, 4), dtype="float32", family="normal", scale=1.0, seed=0,
+                      layout=None, injections=(), max_magnitude=None)
+    case = Case("attention", "float32", ("q", "k", "v"), {"q": spec, "k": spec, "v": spec}, {})
+    fitted = impl.limits.fit(case)
+    args, _ = impl.calling.call_arguments(fitted.materialise("cpu"), case.args)
+    assert all(t.is_contiguous() and t.shape == (2, 5, 3, 4) for t in args)
+
+
 @pytest.mark.parametrize("attribute, value, message", [
     ("returns", ("lse",) * 2, "in attention's order"),
     ("returns", ("o", "keep"), "not outputs of attention"),
