@@ -68,6 +68,15 @@ def test_keyword_only_var_keyword_and_positional_names_bind_as_python_binds_them
     assert args == [1, 2, 3, True] and kwargs == {}
 
 
+def test_a_binding_error_on_a_case_the_signature_can_take_is_a_failure_not_a_refusal():
+    def needs_a_mask(q, k, v, causal=False, sm_scale=None, *, mask):
+        return q
+
+    impl = Implementation.of("attention", needs_a_mask)
+    with pytest.raises(TypeError, match="mask"):  # a TypeError out of the binding, never Refused
+        impl.call({"q": 1, "k": 2, "v": 3, "causal": True, "sm_scale": None}, ("q", "k", "v", "causal", "sm_scale"))
+
+
 def test_an_autograd_function_apply_binds_as_its_forward_less_ctx():
     assert str(signature_of(impls.attention_apply)) == "(q, k, v, causal=False, sm_scale=None)"
 
