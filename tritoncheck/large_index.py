@@ -87,7 +87,7 @@ def check(op: str, impl: Implementation, dtype: torch.dtype, device: torch.devic
     grads_wanted = bool(spec.grad_inputs) and impl.supports_backward
     for name in spec.grad_inputs if grads_wanted else ():
         values[name] = values[name].detach().requires_grad_(True)
-    outs = spec.unpack(impl.fn(*(values[a] for a in spec.arguments)))
+    outs = impl.outputs(impl.call(values, spec.arguments))
     grads = {}
     if grads_wanted:
         dys = {n: randn(outs[n].shape, outs[n].dtype, device) for n in spec.grad_outputs}
