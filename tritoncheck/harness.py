@@ -131,7 +131,7 @@ class Target:
         finally:
             devices.release_cache(backend.current())
             if _collector is not None:
-                _collector.count(self, invalid, refused, time.perf_counter() - start)
+                _collector.count(self, invalid, refused, time.perf_counter() - start, case=case)
 
     def _fail_refusal(self, case: Case, exc: Refused) -> None:
         """A refusal that fails the example: the project's own implementations accept the
