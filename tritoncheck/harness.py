@@ -124,7 +124,9 @@ class Target:
             note = (f"\n{self.check.name} failed for {self.impl.name} on:\n{case.describe()}\n"
                     f"replay: python -m tritoncheck.replay {path}")
             if isinstance(exc, AssertionError):
-                raise AssertionError(f"{exc}\n{note}") from None
+                # the headline first: JUnit's failure message keeps the first 500 characters
+                headline = f"{self.id} failed; replay: python -m tritoncheck.replay {path}"
+                raise AssertionError(f"{headline}\n{exc}\n{note}") from None
             if hasattr(exc, "add_note"):
                 exc.add_note(note)
             raise
