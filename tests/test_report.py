@@ -361,3 +361,31 @@ def test_three_shards_merged_equal_the_whole_run(tmp_path):
     with pytest.raises(ValueError, match="two shards|same shard"):
         from tritoncheck import report_shards
         report_shards.merge([shards[0], shards[0]])
+
+
+WRONG_SOFTMAX = '''
+import torch
+def softmax(x, temperature=1.0):
+    return (torch.softmax(x.float() / temperature, dim=-1) * 1.01).to(x.dtype)  # 1% too large
+softmax.uses_triton = False
+softmax.supports_backward = False
+'''
+
+
+def test_junit_failure_message_names_the_check_its_replay_and_the_worst_element(tmp_path):
+    import os
+    import xml.etree.ElementTree as ET
+    (tmp_path / "wrong_softmax.py").write_text(WRONG_SOFTMAX)
+    junit = tmp_path / "junit.xml"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests/test_checks.py", "-p", "no:randomly", "-q",
+                           "--impl", "softmax=wrong_softmax:softmax", "--dtype", "float32", "--max-examples", "3",
+                           "-k", "matches_reference", "--report-dir", str(tmp_path / "r"), f"--junitxml={junit}"],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    (failure,) = [f for case in ET.parse(junit).iter("testcase") for f in case if f.tag == "failure"]
+    message = failure.get("message")  # what CI test views show: pytest keeps its first 500 characters
+    assert "softmax-softmax-float32-matches_reference failed; replay: python -m tritoncheck.replay" in message
+    assert "worst at index" in message and "x the tolerance" in message, message
+    # the terminal's summary line says the same
+    assert "0/1/0 failed: matches_reference" in done.stdout
