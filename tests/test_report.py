@@ -389,3 +389,14 @@ def test_junit_failure_message_names_the_check_its_replay_and_the_worst_element(
     assert "worst at index" in message and "x the tolerance" in message, message
     # the terminal's summary line says the same
     assert "0/1/0 failed: matches_reference" in done.stdout
+
+
+def test_report_diff_pairs_the_project_kernel_with_a_library_one_of_another_name(tmp_path):
+    from tritoncheck import report_diff
+    a, b = (json.loads(p.read_text()) for p in _diff_pair(tmp_path, headroom_b=0.5, verdict_b="failed"))
+    b["outputs"] = [dict(o, impl="liger") for o in b["outputs"]]
+    b["verdicts"] = {t.replace("padded_lanes_zero", "liger"): v for t, v in b["verdicts"].items()}
+    found = report_diff.diff(a, b)
+    assert found["paired"] == ["softmax: padded_lanes_zero (A) ~ liger (B)"] and found["regression"]
+    assert [c["test"] for c in found["changed"]] == ["softmax-padded_lanes_zero-float32-matches_reference"]
+    assert [g["output"] for g in found["grew"]] == ["softmax/padded_lanes_zero/float32/y"]

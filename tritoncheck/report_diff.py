@@ -34,7 +34,48 @@ def _h(v: float) -> float:
     return v if math.isfinite(v) else math.inf
 
 
+def _impls(report: dict) -> dict[str, set[str]]:
+    from tritoncheck.report_summary import parse_test
+    out: dict[str, set[str]] = {}
+    for o in report["outputs"]:
+        out.setdefault(o["op"], set()).add(o["impl"])
+    for test in report.get("verdicts") or {}:
+        parsed = parse_test(test)
+        if parsed:
+            out.setdefault(parsed[0], set()).add(parsed[1])
+    return out
+
+
+def paired_impls(a: dict, b: dict) -> dict[tuple[str, str], str]:
+    """(op, B's impl) -> A's impl, for each op that each report ran with one implementation
+    under different names (the project's kernel against a library's): compared as one."""
+    ia, ib = _impls(a), _impls(b)
+    return {(op, next(iter(ib[op]))): next(iter(ia[op])) for op in set(ia) & set(ib)
+            if len(ia[op]) == len(ib[op]) == 1 and ia[op] != ib[op]}
+
+
+def _as_a(b: dict, pairs: dict[tuple[str, str], str]) -> dict:
+    """B with its implementations named as A's (:func:`paired_impls`)."""
+    from tritoncheck.report_summary import parse_test
+    if not pairs:
+        return b
+
+    def test_name(test: str) -> str:
+        parsed = parse_test(test)
+        if parsed is None or (parsed[0], parsed[1]) not in pairs:
+            return test
+        op, impl, dtype, check = parsed
+        return f"{op}-{pairs[(op, impl)]}-{dtype}-{check}"
+
+    outputs = [dict(o, impl=pairs.get((o["op"], o["impl"]), o["impl"])) for o in b["outputs"]]
+    return dict(b, outputs=outputs,
+                verdicts={test_name(t): v for t, v in (b.get("verdicts") or {}).items()},
+                refusals_per_test={test_name(t): v for t, v in (b.get("refusals_per_test") or {}).items()})
+
+
 def diff(a: dict, b: dict, factor: float = GROWTH_FACTOR, floor: float = HEADROOM_FLOOR) -> dict:
+    pairs = paired_impls(a, b)
+    b = _as_a(b, pairs)
     va, vb = a.get("verdicts") or {}, b.get("verdicts") or {}
     changed = [{"test": t, "a": va[t], "b": vb[t], "worse": (va[t], vb[t]) in WORSE}
                for t in sorted(set(va) & set(vb)) if va[t] != vb[t]]
@@ -53,6 +94,7 @@ def diff(a: dict, b: dict, factor: float = GROWTH_FACTOR, floor: float = HEADROO
                     for m, n in sorted(rb[t].items()) if m not in ra.get(t, {})]
     return {"changed": changed, "grew": grew, "new_refusals": new_refusals,
             "only_a": sorted(set(va) - set(vb)), "only_b": sorted(set(vb) - set(va)),
+            "paired": [f"{op}: {impl_a} (A) ~ {impl_b} (B)" for (op, impl_b), impl_a in sorted(pairs.items())],
             "regression": any(c["worse"] for c in changed) or bool(grew) or bool(new_refusals)}
 
 
@@ -72,7 +114,9 @@ def markdown(d: dict, a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> 
              ("**Regression**: " if d["regression"] else "No regression: ")
              + f"{sum(c['worse'] for c in d['changed'])} check(s) worse, {len(d['grew'])} output(s) with more "
              f"headroom used (> {GROWTH_FACTOR}x and >= {HEADROOM_FLOOR}, or past 1), "
-             f"{len(d['new_refusals'])} new refusal message(s).", ""]
+             f"{len(d['new_refusals'])} new refusal message(s)."
+             + (" Compared as one implementation (named as in A below): " + "; ".join(d["paired"]) + "."
+                if d["paired"] else ""), ""]
     lines += ["### Checks that changed verdict", ""]
     if d["changed"]:
         lines += ["| check | A | B |", "|---|---|---|"]
