@@ -186,7 +186,7 @@ def vacuous_where(rows: list[dict], top: int = 3) -> list[dict]:
     tally: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for r in rows:
         if r["vacuous"]:
-            t = tally[regime(r["case"])]
+            t = tally[r["regime"] if "regime" in r else regime(r["case"])]
             t[0] += r["vacuous"]
             t[1] += 1
     ranked = sorted(tally.items(), key=lambda kv: -kv[1][0])[:top]
@@ -304,13 +304,45 @@ def row_order(row: dict) -> tuple:
     return (f"{row['op']}-{row['impl']}-{row['dtype']}-{row['check']}", row["backend"], row.get("example", 0))
 
 
+def slim(rows: list[dict]) -> list[dict]:
+    """The rows with their input regime (:func:`regime`), and the whole case only where a
+    figure of the report names it: per test and output, the example closest to failing,
+    the passing one with the most ulps and the first whose expected output was all zeros
+    (tritoncheck/report_summary.py notes). Whatever a run's shards, each test's rows come
+    from one process, so the cases kept, and so the report, are the same."""
+    keep: dict[tuple, dict[str, int]] = defaultdict(dict)
+    for i, r in enumerate(rows):
+        if "case" not in r:
+            continue
+        k = keep[(row_order(r)[:2], r["output"])]
+        h = r["headroom"] if math.isfinite(r["headroom"]) else 1e300
+        if "worst" not in k or h > rows[k["worst"]]["_h"]:
+            k["worst"] = i
+        u = r.get("ulp_at_scale")
+        if r["passed"] and u is not None and math.isfinite(u) and ("ulp" not in k or u > rows[k["ulp"]]["ulp_at_scale"]):
+            k["ulp"] = i
+        if r.get("scale", 1.0) == 0 and r["max_abs"] > 0:
+            k.setdefault("zero", i)
+        r["_h"] = h
+    named = {i for k in keep.values() for i in k.values()}
+    out = []
+    for i, r in enumerate(rows):
+        r = {k: v for k, v in r.items() if k != "_h"}
+        if "case" in r:
+            r["regime"] = regime(r["case"])
+            if i not in named:
+                del r["case"]
+        out.append(r)
+    return out
+
+
 def assemble(rows: list[dict], per_test: dict, *, meta: dict, skipped: list[dict], limits: dict,
              verdicts: dict[str, str], coverage: dict, timing: dict, gpu: dict) -> dict:
     """The report from its raw records: the recorded comparisons (``rows``), the per-test
     counts (``per_test``: examples, invalid, refused, undeclared), the verdicts and the
     coverage tallies. A run and the merge of its shards both come through here."""
     from tritoncheck import report_summary
-    rows = sorted(rows, key=row_order)  # stable: one example's outputs keep their recorded order
+    rows = slim(sorted(rows, key=row_order))  # stable: one example's outputs keep their recorded order
     examples, invalid = per_test["examples"], per_test["invalid"]
     refused, undeclared = per_test["refused"], per_test["undeclared"]
     report = {
@@ -573,7 +605,10 @@ def html_page(report: dict) -> str:
 
 def write(folder: Path, report: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "report.json").write_text(json.dumps(report, indent=1))
+    # one recorded row a line: a gpu run records thousands, which indent would spread over 30 lines each
+    head = json.dumps({k: v for k, v in report.items() if k != "rows"}, indent=1)
+    rows = ",\n".join(json.dumps(r) for r in report.get("rows", []))
+    (folder / "report.json").write_text(f'{head[:-2]},\n "rows": [\n{rows}\n ]\n}}\n')
     (folder / "report.md").write_text(markdown(report))
     (folder / "report.html").write_text(html_page(report))
 
