@@ -388,7 +388,7 @@ def _torch_cell(o: dict) -> str:
 
 def _rel_cell(o: dict) -> str:
     v = o.get("max_rel_counted")
-    return "-" if v is None else ulp_cell(v)
+    return "-" if v is None else ulp_cell(v) if not math.isfinite(v) else f"{v:.3g}"
 
 
 def output_cells(report: dict) -> list[list[str]]:

@@ -102,6 +102,12 @@ def _num(v: float) -> str:
     return "non-finite" if not math.isfinite(v) else f"{v:.3g}"
 
 
+def _growth(g: dict) -> str:
+    if g["a"] == 0:
+        return "from 0"
+    return "-" if not math.isfinite(g["factor"]) else f"{g['factor']:.3g}x"
+
+
 def _label(r: dict) -> str:
     m = r.get("meta", {})
     return (f"{m.get('backend')}, {m.get('device')}, profile {m.get('profile')}, {r.get('created')}"
@@ -129,7 +135,7 @@ def markdown(d: dict, a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> 
         lines += ["| op/impl/dtype/output | check at worst (B) | headroom A | headroom B | growth |",
                   "|---|---|---:|---:|---:|"]
         lines += [f"| {g['output']} | {g['check']} | {_num(g['a'])} | {_num(g['b'])}"
-                  f"{' (fails)' if g['crossed'] else ''} | {_num(g['factor'])}x |" for g in d["grew"]]
+                  f"{' (fails)' if g['crossed'] else ''} | {_growth(g)} |" for g in d["grew"]]
     else:
         lines.append("None.")
     lines += ["", "### New refusals", ""]

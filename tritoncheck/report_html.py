@@ -51,7 +51,8 @@ def page(report: dict) -> str:
     sections += [
         "<h2>Headroom against problem size, per dtype</h2>",
         "<p>Each dot is one example of one output: its elements (x) and its largest error / allowance (y; the "
-        "black line at 1 is the allowance, above it fails). Dots on the floor had no error at all.</p>",
+        "black line at 1 is the allowance, above it fails). Dots on the floor had no error at all; dots on the "
+        "1e-8 line, less than that.</p>",
         '<div id="scatter"></div><p class="legend" id="legend"></p>',
         "<h2>All outputs</h2>", _table(rp.OUTPUT_COLUMNS, rp.output_cells(report)),
         "".join(f"<p><small>{esc(n)}</small></p>" for n in rp.notes(report)),
@@ -102,13 +103,14 @@ document.getElementById("legend").innerHTML =
     const xs = pts.map(p => log10(Math.max(p[0], 1)));
     const nz = pts.filter(p => p[1] > 0).map(p => log10(p[1]));
     const xl = Math.floor(Math.min(...xs)), xh = Math.max(Math.ceil(Math.max(...xs)), xl + 1);
-    const yl = nz.length ? Math.min(Math.floor(Math.min(...nz)), -1) : -3;
+    // below 1e-8 of its allowance an error is far from mattering: drawn on the 1e-8 line
+    const yl = Math.max(-8, nz.length ? Math.min(Math.floor(Math.min(...nz)), -1) : -3);
     const yh = Math.max(1, nz.length ? Math.ceil(Math.max(...nz)) : 1);
     const floor = yl - 0.5;  // where examples with no error sit
     const X = v => x0 + (v - xl) / (xh - xl) * W, Y = v => y0 + H - (v - floor) / (yh - floor) * H;
     g.strokeStyle = "#999"; g.strokeRect(x0, y0, W, H); g.fillStyle = "#444"; g.font = "10px sans-serif";
     const step = Math.max(1, Math.ceil((yh - yl) / 8));
-    for (let e = yl; e <= yh; e += step) { g.fillText("1e" + e, 8, Y(e) + 4); }
+    for (let e = yl; e <= yh; e += step) { g.fillText((e === -8 ? "<=" : "") + "1e" + e, 4, Y(e) + 4); }
     g.fillText("0", 8, Y(floor) + 4);
     for (let e = xl; e <= xh; e++) { g.fillText("1e" + e, X(e) - 10, y0 + H + 14); }
     g.fillText("elements of the output", x0 + W / 2 - 50, y0 + H + 28);
@@ -116,7 +118,7 @@ document.getElementById("legend").innerHTML =
     g.fillText("allowance", x0 + W - 50, Y(0) - 3);
     pts.forEach((p, i) => {
       g.fillStyle = colour(p[2]); g.beginPath();
-      g.arc(X(xs[i]), Y(p[1] > 0 ? log10(p[1]) : floor), 2.5, 0, 7); g.fill();
+      g.arc(X(xs[i]), Y(p[1] > 0 ? Math.max(log10(p[1]), yl) : floor), 2.5, 0, 7); g.fill();
     });
   });
 })();
