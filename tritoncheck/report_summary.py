@@ -88,10 +88,13 @@ def notes_for(output: dict, rows: list[dict], tally: dict | None) -> list[str]:
     if big:
         top = max(big, key=lambda r: r["ulp_at_scale"])
         ulp = float(tolerance.ulp(np.array([max(top["scale"], 1e-300)]), dtype_from_name(output["dtype"]))[0])
+        why = (f"the whole expected output ({top['scale']:.3g} at most) is smaller than its allowance "
+               f"({top['allowed_at_worst']:.3g}): zero up to cancellation (a constant upstream gradient, equal "
+               "scores), so its own ulp measures nothing" if top["scale"] <= top["allowed_at_worst"] else
+               "the rule charges the inputs' magnitudes, far above the output's own (a result that cancels)")
         notes.append(f"{name}: {top['ulp_at_scale']:.3g} ulp of the output's scale {top['scale']:.3g} on "
                      f"{_case_words(top)}, within its allowance ({top['allowed_at_worst'] / ulp:.3g} ulp there, "
-                     f"headroom {top['headroom']:.3g}): the rule charges the inputs' magnitudes, far above the "
-                     f"output's own (a result that cancels); {len(big)} passing example(s) past {ULP_NOTE:.0e} ulp")
+                     f"headroom {top['headroom']:.3g}): {why}; {len(big)} passing example(s) past {ULP_NOTE:.0e} ulp")
     zero = [r for r in rows if r.get("scale", 1.0) == 0 and r["max_abs"] > 0]
     if zero:
         notes.append(f"{name}: {len(zero)} example(s) expected all zeros (e.g. {_case_words(zero[0])}): the "
