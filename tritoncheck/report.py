@@ -311,23 +311,23 @@ def slim(rows: list[dict]) -> list[dict]:
     (tritoncheck/report_summary.py notes). Whatever a run's shards, each test's rows come
     from one process, so the cases kept, and so the report, are the same."""
     keep: dict[tuple, dict[str, int]] = defaultdict(dict)
+    # as summarise and report_summary.notes_for rank them: a non-finite headroom is the worst
+    headroom = [r["headroom"] if math.isfinite(r["headroom"]) else 1e300 for r in rows]
     for i, r in enumerate(rows):
         if "case" not in r:
             continue
         k = keep[(row_order(r)[:2], r["output"])]
-        h = r["headroom"] if math.isfinite(r["headroom"]) else 1e300
-        if "worst" not in k or h > rows[k["worst"]]["_h"]:
+        if "worst" not in k or headroom[i] > headroom[k["worst"]]:
             k["worst"] = i
         u = r.get("ulp_at_scale")
         if r["passed"] and u is not None and math.isfinite(u) and ("ulp" not in k or u > rows[k["ulp"]]["ulp_at_scale"]):
             k["ulp"] = i
         if r.get("scale", 1.0) == 0 and r["max_abs"] > 0:
             k.setdefault("zero", i)
-        r["_h"] = h
     named = {i for k in keep.values() for i in k.values()}
     out = []
     for i, r in enumerate(rows):
-        r = {k: v for k, v in r.items() if k != "_h"}
+        r = dict(r)
         if "case" in r:
             r["regime"] = regime(r["case"])
             if i not in named:
