@@ -259,6 +259,8 @@ def test_summary_line_per_op_impl_dtype_with_verdicts_coverage_and_the_unexercis
                           "exercised (largest x 2x5, at most 2 rows of <= 5)"]
     md = report.markdown(data)
     assert md.index("## Summary") < md.index("## Outputs") and "1/1/1 failed: rows_sum_to_one" in md
+    assert ("| `softmax-padded_lanes_zero-float32-matches_reference` | 1 | largest x 2x5, at most 2 rows of <= 5 | "
+            "contiguous | float32 | normal |") in md
     cov = data["coverage_per_test"]["softmax-padded_lanes_zero-float32-matches_reference"]
     assert cov["tensors"]["x"]["max_rows"] == 2 and cov["layouts"] == ["contiguous"] and cov["families"] == ["normal"]
 

@@ -536,6 +536,20 @@ def _examples_line(report: dict) -> str:
             f"(assume), {refused} refused by the implementation; the most discarded: {most}.")
 
 
+def coverage_section(report: dict) -> list[str]:
+    """Markdown: what each check's counted examples drew (``coverage_per_test``), so a green
+    check that never went past a few hundred rows shows as such."""
+    from tritoncheck.coverage import largest_line
+    cov = report.get("coverage_per_test") or {}
+    if not cov:
+        return []
+    lines = ["", "## What each check's examples reached", "",
+             "| check | counted examples | largest input | layouts | dtypes | value families |", "|---|---:|---|---|---|---|"]
+    lines += [f"| `{test}` | {t.get('examples', 0)} | {largest_line(t)} | {', '.join(t.get('layouts', []))} | "
+              f"{', '.join(t.get('dtypes', []))} | {', '.join(t.get('families', []))} |" for test, t in cov.items()]
+    return lines
+
+
 def _slowest_first_examples(report: dict, count: int = 15) -> list[tuple[str, dict]]:
     t = report.get("timing_per_test", {})
     return sorted(t.items(), key=lambda kv: -(kv[1]["compile_s"] or 0.0))[:count]
@@ -570,6 +584,7 @@ def markdown(report: dict) -> str:
     lines += ["| " + " | ".join(row) + " |" for row in output_cells(report)]
     if notes(report):
         lines += ["", *(f"- {n}" for n in notes(report))]
+    lines += coverage_section(report)
     lines += ["", "## Vacuous elements", "", _vacuity_line(report)]
     lines += ["", "## Examples run (Hypothesis)", "", _examples_line(report)]
     lines += ["", "## False alarms", "", (statistical_line(report) or "no statistical check ran") + ";",

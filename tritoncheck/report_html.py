@@ -13,6 +13,7 @@ import json
 import math
 
 from tritoncheck import report as rp
+from tritoncheck.coverage import largest_line
 from tritoncheck.report_summary import COLUMNS, summary_cells
 
 
@@ -56,6 +57,11 @@ def page(report: dict) -> str:
         '<div id="scatter"></div><p class="legend" id="legend"></p>',
         "<h2>All outputs</h2>", _table(rp.OUTPUT_COLUMNS, rp.output_cells(report)),
         "".join(f"<p><small>{esc(n)}</small></p>" for n in rp.notes(report)),
+        "<h2>What each check's examples reached</h2>",
+        _table(("check", "counted examples", "largest input", "layouts", "dtypes", "value families"),
+               [(test, str(t.get("examples", 0)), largest_line(t), ", ".join(t.get("layouts", [])),
+                 ", ".join(t.get("dtypes", [])), ", ".join(t.get("families", [])))
+                for test, t in (report.get("coverage_per_test") or {}).items()]),
         f"<h2>Vacuous elements</h2><p>{esc(rp._vacuity_line(report))}</p>",
         "<h2>Examples run (Hypothesis)</h2><div>" + esc(rp._examples_line(report)).replace("`", "")
         + (f"<pre>{esc(rp.discard_table(report))}</pre>" if rp.discard_rows(report) else "")
