@@ -129,14 +129,16 @@ class Target:
             note = (f"\n{self.check.name} failed for {self.impl.name} on:\n{case.describe()}\n"
                     f"replay: python -m tritoncheck.replay {path}")
             if isinstance(exc, AssertionError):
-                raise AssertionError(f"{exc}\n{note}") from None
+                # the headline first: JUnit's failure message keeps the first 500 characters
+                headline = f"{self.id} failed; replay: python -m tritoncheck.replay {path}"
+                raise AssertionError(f"{headline}\n{exc}\n{note}") from None
             if hasattr(exc, "add_note"):
                 exc.add_note(note)
             raise
         finally:
             devices.release_cache(backend.current())
             if _collector is not None:
-                _collector.count(self, invalid, refused, time.perf_counter() - start)
+                _collector.count(self, invalid, refused, time.perf_counter() - start, case=case)
 
     def _fail_refusal(self, case: Case, exc: Refused) -> None:
         """A refusal that fails the example: the project's own implementations accept the

@@ -118,6 +118,10 @@ def pytest_addoption(parser):
     group.addoption("--tolerance", choices=("derived", "parity"), default="derived",
                     help="derived (default): fail past the derived allowance; parity: fail only past both it and "
                          "2x plain PyTorch's error in the input dtype on the same input (tritoncheck/parity.py)")
+    group.addoption("--shard", default=None, metavar="K/N",
+                    help="run only the K-th of N deterministic shares of the tests (by a hash of each test id: the "
+                         "same on every machine and in every order); `tritoncheck report merge` joins the shards' "
+                         "report.json files into the whole run's report")
 
 
 def active(config) -> bool:
@@ -142,6 +146,12 @@ def pytest_cmdline_main(config):
         except InvalidArgument:
             raise pytest.UsageError(f"--hypothesis-profile {profile!r}: unknown; the suite's profiles are "
                                     f"{', '.join(PROFILES)}") from None
+    if config.getoption("--shard"):
+        from tritoncheck import report_shards
+        try:
+            report_shards.parse(config.getoption("--shard"))
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
     n = config.getoption("--max-examples")
     if n is not None and n < 1:
         raise pytest.UsageError(f"--max-examples {n}: must be at least 1")
@@ -267,6 +277,9 @@ class Session:
         self.kills: list[tuple[str, bool, float]] = []
         self.report: dict | None = None
         self.nothing_checked = False
+        self.verdicts: dict[str, str] = {}  # check id -> passed, failed, skipped, xfailed, xpassed, error
+        from tritoncheck import report_shards
+        self.shard = report_shards.parse(config.getoption("--shard")) if config.getoption("--shard") else None
         # A wild or misaligned access on the GPU leaves the process's CUDA context broken
         # for good: every later CUDA call in it fails with the same error, so every later
         # test in this process (or xdist worker) would fail too and blame itself.
@@ -289,9 +302,10 @@ class Session:
     def pytest_collection_modifyitems(self, config, items):
         """With --impl, only the checks of the user's implementations run: the suite's own
         kernel tests and self-tests are about the suite, not about the user's kernel."""
-        if not self.user_implementations():
-            return
-        keep = [i for i in items if i.get_closest_marker(CHECK)]
+        keep = [i for i in items if not self.user_implementations() or i.get_closest_marker(CHECK)]
+        if self.shard is not None:
+            from tritoncheck.report_shards import shard_of
+            keep = [i for i in keep if shard_of(i.nodeid, self.shard[1]) == self.shard[0]]
         if len(keep) < len(items):
             config.hook.pytest_deselected(items=[i for i in items if i not in keep])
             items[:] = keep
@@ -302,6 +316,7 @@ class Session:
             self.kills.append((report.nodeid.partition("[")[2].rstrip("]"), report.passed, report.duration))
         if CHECK not in report.keywords:
             return
+        self._record_verdict(report)
         if report.when == "call" or (report.when == "setup" and report.skipped):
             if report.skipped:
                 reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -310,6 +325,20 @@ class Session:
                                      "reason": getattr(report, "wasxfail", None) or reason.replace("Skipped: ", "")})
             elif report.passed or report.failed:
                 self.counted += 1
+
+    def _record_verdict(self, report) -> None:
+        """The check's outcome in the report (``verdicts``), keyed by its id (the nodeid's
+        parameter part): what ``report diff`` compares and the summary counts."""
+        test = report.nodeid.partition("[")[2].rstrip("]") or report.nodeid
+        if report.when == "call" or report.skipped or report.failed:
+            if hasattr(report, "wasxfail"):
+                outcome = "xfailed" if report.skipped else "xpassed"
+            elif report.failed and report.when != "call":
+                outcome = "error"
+            else:
+                outcome = report.outcome
+            if self.verdicts.get(test) not in ("failed", "error"):  # a teardown error keeps the call's failure
+                self.verdicts[test] = outcome
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):
@@ -358,8 +387,10 @@ class Session:
         import triton
         meta = {"backend": self.backend, "profile": self.profile, "device": device,
                 "torch": torch.__version__, "triton": triton.__version__, "tolerance": CONFIG.tolerance,
-                "shapes": CONFIG.shapes, "autotune_config": CONFIG.autotune_config}
-        self.report = report.build(CONFIG.report_dir, self.skipped, meta, limits=self._declared_limits())
+                "shapes": CONFIG.shapes, "autotune_config": CONFIG.autotune_config,
+                "shard": "{}/{}".format(*self.shard) if self.shard else None}
+        self.report = report.build(CONFIG.report_dir, self.skipped, meta, limits=self._declared_limits(),
+                                   verdicts=self.verdicts)
         report.write(CONFIG.report_dir, self.report)
         if self.user_implementations() and self.counted == 0 and exitstatus in (0, 5):
             # Every check of the user's implementation was skipped: nothing was verified.
@@ -387,6 +418,10 @@ class Session:
                 tr.write_line(line)
         if not data["outputs"] and not self.skipped and not data["statistical"]["tests"]:
             return
+        from tritoncheck.report_summary import summary_text
+        if summary_text(data):
+            tr.section("tritoncheck summary")
+            tr.write_line(summary_text(data))
         tr.section("tolerance report")
         if data["outputs"]:
             tr.write_line(report.table(data))
