@@ -86,7 +86,9 @@ class Verdict:
             return head
         f = self.failure
         lines = [head, f"{f.target}: {f.ending}: {f.message}"]
-        if f.replay:
+        if f.case and f.case not in f.message:
+            lines.append(f"on:\n{f.case}")
+        if f.replay and f.replay not in f.message:
             lines.append(f"replay: {f.replay}")
         return "\n".join(lines)
 
@@ -216,6 +218,8 @@ def _supervise(job: dict, start: float, budget_s: float, example_timeout_s: floa
         if child.is_alive():
             child.kill()
         child.join(5)
+    if failure is not None and failure.target in all_targets and failure.target not in run:
+        run.append(failure.target)  # it ran until it died or was stopped
     done = set(run) | set(skipped)
     for t in all_targets:
         if t not in done:
