@@ -89,3 +89,9 @@ def test_a_fresh_seed_per_call_unless_fixed(tmp_path, monkeypatch):
 def test_a_function_no_child_can_import_is_a_type_error():
     with pytest.raises(TypeError, match="lambda or a nested function"):
         tritoncheck.verify("softmax", lambda x, temperature=1.0: x, quiet=True)
+
+
+def test_an_implementation_that_does_not_load_is_a_failed_verdict_with_its_error(tmp_path):
+    verdict = _verify("tritoncheck.controls.softmax:no_such_function", tmp_path)
+    assert not verdict.passed and verdict.failure.ending == verifier.ERROR, verdict.summary()
+    assert "no_such_function" in verdict.failure.message and verdict.checks_run == ()

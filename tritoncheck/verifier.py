@@ -208,7 +208,8 @@ def _supervise(job: dict, start: float, budget_s: float, example_timeout_s: floa
                 run.append(message[1])
                 in_flight = None
             elif kind == "failed":
-                run.append(message[1])
+                if message[1] in all_targets:
+                    run.append(message[1])
                 failure = Failure(**message[2])
                 break
             elif kind == "done":
@@ -248,16 +249,21 @@ def _stopped(job: dict, in_flight, ending: str, message: str) -> Failure:
 
 def _child_main(conn, job: dict) -> None:
     """The spawned child: every (dtype, check) target of the job in turn, a message per
-    example and per target, stop at the first failure."""
+    example and per target, stop at the first failure. An error before the first target
+    (an unknown op, an implementation that does not import or declares something wrong)
+    is the verdict's failure, with its message."""
+    try:
+        targets = _targets_of(job)
+    except Exception as exc:  # noqa: BLE001 - the parent reports it; the child has nothing else to do
+        conn.send(("failed", "-", dict(target="-", ending=ERROR, message=f"{type(exc).__name__}: {exc}")))
+        return
+    _run_targets(conn, job, targets)
+
+
+def _targets_of(job: dict) -> list:
+    """The job's (dtype, check) targets, after selecting the backend and loading the implementation."""
     from tritoncheck import backend
     backend.select(job["backend"])
-    import pytest
-    import torch
-    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
-    from hypothesis import seed as seeded
-    from hypothesis import strategies as st
-    from hypothesis.errors import UnsatisfiedAssumption
-
     from tritoncheck import harness, registry
     from tritoncheck.config import CONFIG
     from tritoncheck.registry import Implementation
@@ -269,9 +275,21 @@ def _child_main(conn, job: dict) -> None:
     op = ops[job["op"]]
     fn = job["fn"] if job["fn"] is not None else registry.resolve(job["target"])
     impl = Implementation.of(op.name, fn, target=job["target"])
-    targets = [harness.Target(op, impl, dtype, check) for dtype in op.dtypes for check in op.checks
-               if (job["dtypes"] is None or harness.dtype_name(dtype) in job["dtypes"])
-               and (job["checks"] is None or check.name in job["checks"])]
+    return [harness.Target(op, impl, dtype, check) for dtype in op.dtypes for check in op.checks
+            if (job["dtypes"] is None or harness.dtype_name(dtype) in job["dtypes"])
+            and (job["checks"] is None or check.name in job["checks"])]
+
+
+def _run_targets(conn, job: dict, targets: list) -> None:
+    """Each target's seeded search in turn; a message per example and per target."""
+    import pytest
+    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+    from hypothesis import seed as seeded
+    from hypothesis import strategies as st
+    from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
+
+    from tritoncheck import harness
+
     label = {t.id: f"{harness.dtype_name(t.dtype)}/{t.check.name}" for t in targets}
     conn.send(("targets", [label[t.id] for t in targets]))
     need = math.ceil(job["max_examples"] / 2)  # the plugin's minimum: half the examples counted
@@ -292,8 +310,8 @@ def _child_main(conn, job: dict) -> None:
         except pytest.skip.Exception as exc:
             conn.send(("skipped", name, str(exc)))
             continue
-        except UnsatisfiedAssumption:
-            counted[0] = 0
+        except (Unsatisfiable, UnsatisfiedAssumption):
+            pass  # every example refused or discarded: not reached, below
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent as a verdict
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -305,7 +323,6 @@ def _child_main(conn, job: dict) -> None:
                 "were refused or outside the check's domain"))))
             return
         conn.send(("passed", name))
-        torch.cuda.empty_cache() if job["backend"] == "cuda" else None
     conn.send(("done",))
 
 
