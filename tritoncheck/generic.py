@@ -229,9 +229,10 @@ def calls_independent(case: Case, impl: Implementation) -> None:
     """Each call's outputs are those of its own inputs, and stay so: call A, then call B
     (same shapes, layouts and scalars, other values) written into A's buffers, so that it
     has A's data pointers too. Each must match the fp64 reference of its inputs, and A's
-    outputs must be bit for bit unchanged by the later call. A result cache keyed by shapes or pointers, a skipped launch that
-    returns an uninitialised (or previous) buffer, and one output buffer returned to
-    every caller each fail here; one call per case (matches_reference) cannot see them."""
+    outputs must be bit for bit unchanged by the later call. A result cache keyed by
+    shapes or pointers, a skipped launch that returns an uninitialised (or previous)
+    buffer, and one output buffer returned to every caller each fail here; one call per
+    case (matches_reference) cannot see them."""
     op = OPS[case.op]
     second = _new_values(case)
     a = case.materialise(backend.device())
@@ -249,7 +250,8 @@ def calls_independent(case: Case, impl: Implementation) -> None:
         assert_matches_reference(op, second, impl, b_before, then)
     except AssertionError as exc:
         raise AssertionError(f"a second call on other values of the same shapes, in the first call's buffers, "
-                             f"is wrong: the implementation keeps state across calls\n{exc}") from None
+                             f"is wrong: the implementation keeps state across calls (the second call's inputs: "
+                             f"the case below with every tensor's seed + 1)\n{exc}") from None
     for name, t in first.items():
         assert_identical(name, kept[name], t.detach(), f"a later call of {impl.name} changed the output of an "
                                                        "earlier one (an output buffer shared between calls)")
