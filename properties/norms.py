@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from tritoncheck import backend, parity, tolerance
 from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
-from tritoncheck.generic import generic_checks, gradients_match_reference, precision, run
+from tritoncheck.generic import calls_independent, generic_checks, gradients_match_reference, precision, run
 from tritoncheck.large_problem import LargeProblem, row_wise
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
@@ -502,7 +502,10 @@ register(OpSpec(
     tolerance=dropout_tolerance,
     output_dtypes={"keep": torch.bool},
     checks=(Check("matches_reference", dropout_matches_reference),)
-    + tuple(c for c in generic_checks(grad=False) if c.name != "matches_reference") + (
+    + tuple(c for c in generic_checks(grad=False) if c.name not in ("matches_reference", "calls_independent")) + (
+        # at p = 0 only: calls_independent compares with the fp64 reference, which for p > 0
+        # needs the returned keep mask (a cache of y and keep keyed by shape fails at p = 0 all the same)
+        Check("calls_independent", calls_independent, cases=lambda op, dtype: _with_p(op, dtype, (0.0,))),
         Check("p_zero_is_layer_norm", p_zero_is_layer_norm, cases=lambda op, dtype: _with_p(op, dtype, (0.0,))),
         Check("keep_fraction_binomial", keep_fraction_binomial, false_alarm=FALSE_ALARM),
         Check("seed_reproducible", seed_reproducible,

@@ -109,7 +109,8 @@ class Target:
         sink = _collector.sink(self, case) if _collector is not None and self.check.name in RECORDED_CHECKS else None
         invalid, refused, start = False, False, time.perf_counter()
         try:
-            with poisoned_allocations_for(self.impl.fn), autotune_configs.pinned_all(self.impl.fn, CONFIG.autotune_config), \
+            with poisoned_allocations_for(self.impl.fn), autotune_configs.pinned_all(
+                    self.impl.fn, autotune_configs.each_in_turn(self.impl.fn, CONFIG.autotune_config)), \
                     (recording(sink) if sink is not None else contextlib.nullcontext()):
                 self.check.run(case, self.impl)
         except UnsatisfiedAssumption:
@@ -329,7 +330,8 @@ def load(target):
 
 
 device = "cuda" if "{backend}" == "cuda" else "cpu"
-inputs = {{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in torch.load(HERE / "{stem}.pt").items()}}
+# data only: a case shared as a CI artefact or a bug report must not run code when loaded
+inputs = {{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in torch.load(HERE / "{stem}.pt", weights_only=True).items()}}
 args = [inputs[a] for a in {args}]
 impl, reference = load("{impl}"), load("{reference}")
 from tritoncheck import registry  # noqa: E402

@@ -109,7 +109,9 @@ def pytest_addoption(parser):
                          "sequence and row counts stay free (bounds compilations of autotuned kernels)")
     group.addoption("--shapes-seed", type=int, default=0, help="which N values --shapes picks")
     group.addoption("--autotune-config", default="tuned", metavar="tuned|I",
-                    help="tuned (default): autotuned kernels autotune as they do; an index I: every kernel an "
+                    help="tuned (default): the kernels an implementation declares in fn.autotuned run their configs "
+                         "in turn, one per example, each on fresh NaN-filled outputs (undeclared ones autotune as "
+                         "they do); an index I: every kernel an "
                          "implementation declares in fn.autotuned runs its config I (modulo its count) only, one "
                          "compilation per new size instead of a sweep (benchmarks/autotune_sweep.py checks each config)")
     group.addoption("--cp-world-size", type=int, default=None, metavar="W",
