@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tritoncheck import harness, registry, report, selfcheck
+from tritoncheck import harness, registry, report, report_files, report_html, selfcheck
 from tritoncheck.config import CONFIG
 from tritoncheck.strategies import Case, TensorSpec
 
@@ -70,7 +70,7 @@ def test_reports_follow_the_schema(tmp_path):
     sink(compare("y", torch.tensor([1.0, 2.0]), np.array([1.0, 2.5]), np.array([0.1, 0.1])))
     collector.dump(tmp_path / "parts", "main")
     data = report.build(tmp_path, [{"test": "t", "outcome": "skipped", "reason": "r"}], {"backend": "interpret"})
-    report.write(tmp_path, data)
+    report_files.write(tmp_path, data)
     loaded = json.loads((tmp_path / "report.json").read_text())
     assert loaded["schema_version"] == report.SCHEMA_VERSION
     (row,) = loaded["outputs"]
@@ -130,7 +130,7 @@ def test_refusals_and_discards_reach_every_report(tmp_path):
     assert target.id in table and "2x ValueError: x: rows of 70000 elements (and 1 variant(s))" in table
     md = report.markdown(data)
     assert "## Refusals, vacuous comparisons and discards" in md and "N <= 65536" in md
-    assert "rows of 70000" in report.html_page(data)
+    assert "rows of 70000" in report_html.page(data)
 
 
 def test_statistical_checks_add_up_to_a_union_bound_per_run():

@@ -92,3 +92,17 @@ def not_exercised(tally: dict) -> str:
     if missing_layouts:
         parts.append("no " + "/".join(missing_layouts) + " layout")
     return "; ".join(parts)
+
+
+def regime(case: dict) -> str:
+    """The value regime of a case's float inputs, in a few words: each tensor's strategy
+    family (normal, near_max, tiny, offset, ...) and its scale where it has one."""
+    parts = []
+    for name in sorted(case.get("tensors", {})):
+        spec = case["tensors"][name]
+        if spec.get("family") == "indices" or spec.get("dtype") == "bool":
+            continue
+        scale = spec.get("scale", 1.0)
+        shown = f" x{scale:g}" if scale not in (1, 1.0) and spec.get("family") not in ("near_max", "tiny") else ""
+        parts.append(f"{name} {spec.get('family')}{shown}")
+    return ", ".join(parts)

@@ -391,9 +391,10 @@ class Session:
                 "torch": torch.__version__, "triton": triton.__version__, "tolerance": CONFIG.tolerance,
                 "shapes": CONFIG.shapes, "autotune_config": CONFIG.autotune_config,
                 "shard": "{}/{}".format(*self.shard) if self.shard else None}
+        from tritoncheck import report_files
         self.report = report.build(CONFIG.report_dir, self.skipped, meta, limits=self._declared_limits(),
                                    verdicts=self.verdicts)
-        report.write(CONFIG.report_dir, self.report)
+        report_files.write(CONFIG.report_dir, self.report)
         if self.user_implementations() and self.counted == 0 and exitstatus in (0, 5):
             # Every check of the user's implementation was skipped: nothing was verified.
             self.nothing_checked = True

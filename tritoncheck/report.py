@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tritoncheck.coverage import regime
 from tritoncheck.report_summary import headroom_cell, output_figures, summary_markdown, ulp_cell
 
 SCHEMA_VERSION = 4
@@ -164,20 +165,6 @@ def summarise(rows: list[dict]) -> list[dict]:
             **output_figures(rs),
         })
     return out
-
-
-def regime(case: dict) -> str:
-    """The value regime of a case's float inputs, in a few words: each tensor's strategy
-    family (normal, near_max, tiny, offset, ...) and its scale where it has one."""
-    parts = []
-    for name in sorted(case.get("tensors", {})):
-        spec = case["tensors"][name]
-        if spec.get("family") == "indices" or spec.get("dtype") == "bool":
-            continue
-        scale = spec.get("scale", 1.0)
-        shown = f" x{scale:g}" if scale not in (1, 1.0) and spec.get("family") not in ("near_max", "tiny") else ""
-        parts.append(f"{name} {spec.get('family')}{shown}")
-    return ", ".join(parts)
 
 
 def vacuous_where(rows: list[dict], top: int = 3) -> list[dict]:
@@ -610,22 +597,6 @@ def markdown(report: dict) -> str:
         for s in report["skipped"]:
             lines.append(f"| `{s['test']}` | {s['outcome']} | {s['reason']} |")
     return "\n".join(lines) + "\n"
-
-
-def html_page(report: dict) -> str:
-    """The self-contained HTML page (tritoncheck/report_html.py)."""
-    from tritoncheck.report_html import page
-    return page(report)
-
-
-def write(folder: Path, report: dict) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    # one recorded row a line: a gpu run records thousands, which indent would spread over 30 lines each
-    head = json.dumps({k: v for k, v in report.items() if k != "rows"}, indent=1)
-    rows = ",\n".join(json.dumps(r) for r in report.get("rows", []))
-    (folder / "report.json").write_text(f'{head[:-2]},\n "rows": [\n{rows}\n ]\n}}\n')
-    (folder / "report.md").write_text(markdown(report))
-    (folder / "report.html").write_text(html_page(report))
 
 
 def clear_parts(folder: Path) -> None:

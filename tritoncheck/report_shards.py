@@ -82,7 +82,7 @@ def merge(reports: list[dict]) -> dict:
 
 def merge_files(paths: list[Path], out: Path) -> dict:
     """Merge report.json files into ``out`` (a folder: report.json, .md and .html)."""
-    from tritoncheck import report
+    from tritoncheck import report_files
     merged = merge([json.loads(Path(p).read_text()) for p in paths])
-    report.write(out, merged)
+    report_files.write(out, merged)
     return merged

@@ -68,10 +68,9 @@ def output_figures(rows: list[dict]) -> dict:
 
 
 def _case_words(row: dict) -> str:
-    from tritoncheck.report import regime
     shapes = ", ".join(f"{k} {'x'.join(map(str, v.get('shape', [])))}"
                        for k, v in sorted(row["case"].get("tensors", {}).items()))
-    return f"{row['check']} on {regime(row['case'])} ({shapes})"
+    return f"{row['check']} on {coverage.regime(row['case'])} ({shapes})"
 
 
 def notes_for(output: dict, rows: list[dict], tally: dict | None) -> list[str]:

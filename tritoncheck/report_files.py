@@ -1,0 +1,18 @@
+"""The report's three files: ``report.json`` (the data, ``docs/report-schema.md``),
+``report.md`` (tritoncheck/report.py) and ``report.html`` (tritoncheck/report_html.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tritoncheck import report, report_html
+
+
+def write(folder: Path, data: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    # one recorded row a line: a gpu run records thousands, which indent would spread over 30 lines each
+    head = json.dumps({k: v for k, v in data.items() if k != "rows"}, indent=1)
+    rows = ",\n".join(json.dumps(r) for r in data.get("rows", []))
+    (folder / "report.json").write_text(f'{head[:-2]},\n "rows": [\n{rows}\n ]\n}}\n')
+    (folder / "report.md").write_text(report.markdown(data))
+    (folder / "report.html").write_text(report_html.page(data))
