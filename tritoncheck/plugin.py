@@ -121,7 +121,8 @@ def pytest_addoption(parser):
                          "are discarded, and every refusal of the project's own kernels, mutants and controls fails")
     group.addoption("--shapes", type=int, default=None, metavar="N",
                     help="draw the dims kernels specialise or autotune on (head dims, heads, batch, last dims) from "
-                         "a pool fixed for the run per (op, dtype, dim): the block boundaries and N other sizes; "
+                         "a pool fixed for the run per (op, dtype, dim): the block boundaries and N other sizes (default 4 in "
+                         "the quick profile, else no pool); "
                          "sequence and row counts stay free (bounds compilations of autotuned kernels)")
     group.addoption("--shapes-seed", type=int, default=0, help="which N values --shapes picks")
     group.addoption("--autotune-config", default="tuned", metavar="tuned|I",
