@@ -393,10 +393,10 @@ class Session:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
         report = (yield).get_result()
-        if call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(unrunnable.Unrunnable):
+        ended = call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(unrunnable.Unrunnable)
+        if ended:
             _report_unrunnable(call.excinfo.value, report, item)
-            return
-        if call.when == "call" and item.get_closest_marker(CHECK):
+        elif call.when == "call" and item.get_closest_marker(CHECK):
             from tritoncheck import harness
             harness.account_refusals(item.callspec.params["target"], call.excinfo, report, item)
         if call.when == "call" and report.failed and self.cuda_broken_by is None and self.backend == "cuda":
