@@ -109,8 +109,9 @@ class Target:
         except (AssertionError, UnsatisfiedAssumption):
             raise  # a check's verdict on a value, or an example discarded: never a constant error
         except Exception as exc:
+            retry = None if data is None or _cuda_context_broken() else lambda: self._retry(case, data)
             unrunnable.judge(exc, impl_key=self.impl_key, impl_name=self.impl.name, test_id=self.id,
-                             backend=backend.current(), retry=None if data is None else lambda: self._retry(case, data))
+                             backend=backend.current(), retry=retry)
             raise
 
     @property
@@ -196,6 +197,19 @@ class Target:
                             f"{refusals.how_to_declare(self.impl.name)}\nthe first, with its traceback:\n"
                             f"{_collector.first_traceback.get(self.id, '')}", pytrace=False)
             pytest.skip(f"every example was refused ({n} drawn): {refusals.summarise(refused)}")
+
+
+def _cuda_context_broken() -> bool:
+    """Whether a CUDA error stuck to this process's context (a wild access): every later
+    call would raise it again, whatever the input, so a retry would prove nothing; the
+    plugin reports it (``Session.cuda_broken_by``)."""
+    if backend.current() != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - torch's class for it varies by version
+        return True
+    return False
 
 
 def account_refusals(target: Target, excinfo, report, item) -> None:
