@@ -108,7 +108,8 @@ def pytest_addoption(parser):
     group.addoption("--op", action="append", default=[], help="run only this op (repeatable)")
     group.addoption("--dtype", action="append", default=[], help="run only this dtype: float32, float16, bfloat16")
     group.addoption("--impl", action="append", default=[], metavar="OP=module:function",
-                    help="test this function for OP instead of the project's kernel (repeatable); only the ops named run")
+                    help="test this function for OP instead of the project's kernel (repeatable); only the ops named run, "
+                         "at the quick profile unless --hypothesis-profile names another (gpu for depth)")
     group.addoption("--report-dir", default="reports", help="where the tolerance report and failing cases go")
     group.addoption("--max-examples", type=int, default=None,
                     help="examples per test, overriding the profile's (sizes still follow the profile)")
