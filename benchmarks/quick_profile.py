@@ -14,7 +14,9 @@ new user's first run; then warm, the same command on the cache the first filled.
 per row: the tests and how they ended (passed, failed, skipped with a reason; an error
 counts as failed), pytest's own time for the run (what the 60 s goal of issue 25 is about:
 the time from the first test to the last verdict, compilation included) and the wall time
-of the whole child (Python, torch and Triton imports included). Under the interpreter
+of the whole child (Python, torch and Triton imports included), and the child's CPU time
+(user + system, all its threads: on a shared CPU machine the figure that other load does
+not inflate). Under the interpreter
 (``--backend interpret``, or no GPU) there is nothing to cache and cold and warm differ by
 noise only.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -42,6 +45,7 @@ class Outcome:
     skipped: int
     pytest_s: float
     wall_s: float
+    cpu_s: float
     status: int
 
 
@@ -58,19 +62,26 @@ def run_once(op: str, impl: str | None, args, cache: Path, report_dir: Path) -> 
     if args.max_examples:
         cmd += ["--max-examples", str(args.max_examples)]
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache)}
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), _children_cpu()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, _children_cpu() - cpu_start
     if not xml.is_file():
         sys.stderr.write(f"{op} {impl or 'kernel'}: no result (exit {proc.returncode})\n{proc.stdout[-2000:]}"
                          f"{proc.stderr[-2000:]}\n")
-        return Outcome(0, 0, 0, 0, float("nan"), wall, proc.returncode)
+        return Outcome(0, 0, 0, 0, float("nan"), wall, cpu, proc.returncode)
     suite = ET.parse(xml).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     tests, skipped = int(suite.get("tests")), int(suite.get("skipped"))
     failed = int(suite.get("failures")) + int(suite.get("errors"))
-    return Outcome(tests, tests - failed - skipped, failed, skipped, float(suite.get("time")), wall,
+    return Outcome(tests, tests - failed - skipped, failed, skipped, float(suite.get("time")), wall, cpu,
                    proc.returncode)
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of the finished child processes: on a shared machine
+    the figure that does not grow with the other load, where wall time does."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def rows(args) -> list[tuple[str, str | None]]:
@@ -107,7 +118,8 @@ def main() -> int:
     print(f"device: {device(args.backend)}; profile {args.profile}; dtypes {', '.join(args.dtype) or 'all'}; "
           f"one process per run; pytest s: first test to last verdict; wall s: the whole child process")
     header = (f"{'op':<22} {'impl':<40} {'tests':>5} {'pass':>4} {'fail':>4} {'skip':>4} "
-              f"{'cold pytest s':>13} {'cold wall s':>11} {'warm pytest s':>13} {'warm wall s':>11}  goal")
+              f"{'cold pytest s':>13} {'cold wall s':>11} {'cold cpu s':>10} {'warm pytest s':>13} {'warm wall s':>11} "
+              f"{'warm cpu s':>10}  goal")
     print(header)
     print("-" * len(header))
     missed = 0
@@ -120,7 +132,8 @@ def main() -> int:
             missed += not within
             name = impl.partition("=")[2] if impl else "project kernel"
             print(f"{op:<22} {name[-40:]:<40} {cold.tests:>5} {cold.passed:>4} {cold.failed:>4} {cold.skipped:>4} "
-                  f"{cold.pytest_s:>13.1f} {cold.wall_s:>11.1f} {warm.pytest_s:>13.1f} {warm.wall_s:>11.1f}  "
+                  f"{cold.pytest_s:>13.1f} {cold.wall_s:>11.1f} {cold.cpu_s:>10.1f} {warm.pytest_s:>13.1f} "
+                  f"{warm.wall_s:>11.1f} {warm.cpu_s:>10.1f}  "
                   f"{'ok' if within else f'over {GOAL_S:.0f} s'}", flush=True)
             if (warm.passed, warm.failed, warm.skipped) != (cold.passed, cold.failed, cold.skipped):
                 print(f"{'':<22} warm run: {warm.passed} passed, {warm.failed} failed, {warm.skipped} skipped")
