@@ -248,8 +248,10 @@ sdpa.expected_failures = (
     ExpectedFailure("empty_rows_zero", _CPU_FLASH_NAN, backends=("interpret",), strict=False),
     # the same NaN in the call on repeated k, v (scores of 1e35: q at scale 1e3, k near bf16's max)
     ExpectedFailure("gqa_equals_repeated_kv", _CPU_FLASH_NAN, backends=("interpret",), strict=False),
-    ExpectedFailure("gradients_match_reference", _CPU_FLASH_NAN, backends=("interpret",)),
-    ExpectedFailure("causal_gradient_respected", _CPU_FLASH_NAN, backends=("interpret",)),
+    # some inputs only (scores past about 1e11), so not strict: in the quick profile's 10
+    # random examples none such came up and the strict xfails failed the control as XPASS
+    ExpectedFailure("gradients_match_reference", _CPU_FLASH_NAN, backends=("interpret",), strict=False),
+    ExpectedFailure("causal_gradient_respected", _CPU_FLASH_NAN, backends=("interpret",), strict=False),
     ExpectedFailure("deterministic", _CUDA_F32_ATOMICS, dtypes=("float32",), backends=("cuda",), strict=False),
     ExpectedFailure("backward_repeatable", _CUDA_F32_ATOMICS, dtypes=("float32",), backends=("cuda",), strict=False),
     ExpectedFailure("causal_gradient_respected", _CUDA_F32_MASKED_NAN, dtypes=("float32",), backends=("cuda",),

@@ -5,7 +5,10 @@
 runs every check of the named ops on those functions (imported from the current
 directory, as ``python -m`` would, or from ``PYTHONPATH``), writes the tolerance report
 and the failing cases' replay files under ``--report-dir`` (``./reports``) and exits 0
-only when every check that could run passed. pytest runs underneath: anything after
+only when every check that could run passed. Without ``--profile`` it runs twice: the
+``quick`` profile first, a verdict on every check in about a minute, then, when that
+passed, the deep profile (``gpu`` on CUDA, ``ci`` on the interpreter) over the same
+report directory; ``--profile`` runs that profile only. pytest runs underneath: anything after
 ``--`` goes to it unchanged, and ``pytest --impl OP=module:function`` does the same.
 
     tritoncheck report summary reports/report.json     # the summary, as Markdown
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -35,6 +39,10 @@ what your function may declare about itself (attributes, validated when it is lo
   fn.batch_invariant = True             each row's outputs bitwise free of the other rows in the call
   (docs/contract.md lists them all)
 
+profiles: without --profile, quick (10 examples, a small pool of shapes, no shrinking: a verdict
+on every check in about a minute), then, if every check passed, gpu (on CUDA; ci on the
+interpreter) for depth. --profile quick stops after the first; --profile gpu skips it.
+
 exit status: 0 every check passed; 1 a check failed (each failure prints the case in words
 and a replay command); 2 a usage error (an --impl that does not import, an unknown op).
 """
@@ -51,9 +59,11 @@ def parser() -> argparse.ArgumentParser:
                    help="only this dtype: float32, float16, bfloat16 (repeatable)")
     p.add_argument("--backend", choices=("auto", "cuda", "interpret"), default="auto",
                    help="cuda, the Triton interpreter on CPU, or auto (cuda if available)")
-    p.add_argument("--profile", choices=("dev", "ci", "gpu", "nightly"), default=None,
-                   help="examples and sizes: ci (small shapes, 20 examples; the CPU default), gpu (large shapes, "
-                        "100; the CUDA default), nightly (1000), dev")
+    p.add_argument("--profile", choices=("quick", "dev", "ci", "gpu", "nightly"), default=None,
+                   help="examples and sizes; default: quick (10 examples, few shapes, no shrinking: a first "
+                        "verdict in about a minute), then, if it passed, gpu (large shapes, 100 examples) on "
+                        "CUDA or ci (small shapes, 20) on the interpreter; nightly (1000), dev. A profile "
+                        "named runs alone")
     p.add_argument("--max-examples", type=int, default=None, metavar="N", help="examples per check")
     p.add_argument("--refusals", choices=("auto", "discard", "fail"), default="auto",
                    help="auto: a refusal your function declares (tritoncheck.Refusal, fn.refuses) is discarded and "
@@ -70,8 +80,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def pytest_args(ns: argparse.Namespace, extra: list[str]) -> list[str]:
-    """The pytest command line that runs what ``ns`` asks for."""
+def pytest_args(ns: argparse.Namespace, extra: list[str], profile: str | None = None) -> list[str]:
+    """The pytest command line that runs what ``ns`` asks for, at ``profile`` (default
+    ``ns.profile``; with neither, the plugin's default for --impl runs, ``quick``)."""
     here = Path(__file__).parent
     # --confcutdir: from an editable install the suite's file lies in a checkout, whose
     # conftest.py would put the checkout first on sys.path, where its kernels/ would
@@ -85,8 +96,8 @@ def pytest_args(ns: argparse.Namespace, extra: list[str]) -> list[str]:
         args += ["--dtype", dtype]
     if ns.list_ops:
         args.append("--list-ops")
-    if ns.profile:
-        args += ["--hypothesis-profile", ns.profile]
+    if profile or ns.profile:
+        args += ["--hypothesis-profile", profile or ns.profile]
     if ns.max_examples is not None:
         args += ["--max-examples", str(ns.max_examples)]
     if ns.workers:
@@ -158,7 +169,28 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, here)
     os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])
     import pytest
-    return int(pytest.main(pytest_args(ns, extra)))
+    if ns.profile or ns.list_ops:
+        return int(pytest.main(pytest_args(ns, extra)))
+    status = int(pytest.main(pytest_args(ns, extra, "quick")))
+    deep = deep_profile(ns.backend)
+    if status != 0:
+        print(f"tritoncheck: the quick profile did not pass (exit status {status}); the {deep} profile is not run. "
+              f"Fix what it found, or run --profile {deep} for depth anyway.")
+        return status
+    print(f"tritoncheck: the quick profile passed; now the {deep} profile, for depth (--profile quick stops "
+          "after the first).", flush=True)
+    # a fresh process: a second pytest.main here would find the suite's module, the
+    # registered implementations and the run's settings left by the first
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    return subprocess.call([sys.executable, "-m", "tritoncheck", *own, "--profile", deep, "--", *extra])
+
+
+def deep_profile(chosen_backend: str) -> str:
+    """The profile that follows ``quick``: ``gpu`` where kernels run compiled, else ``ci``."""
+    if chosen_backend == "auto":
+        import torch
+        return "gpu" if torch.cuda.is_available() else "ci"
+    return "gpu" if chosen_backend == "cuda" else "ci"
 
 
 if __name__ == "__main__":

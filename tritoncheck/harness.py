@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
 from hypothesis.vendor import pretty
 
-from tritoncheck import autotune_configs, backend, devices, refusals, registry
+from tritoncheck import autotune_configs, backend, devices, refusals, registry, unrunnable
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import rule_name
 from tritoncheck.limits import NotApplicable, OutsideLimits
@@ -105,7 +105,39 @@ class Target:
             return self.check.requires(self.impl)
         return None
 
-    def run(self, case: Case) -> None:
+    def run(self, case: Case, data=None) -> None:
+        """Run the check on ``case``. ``data`` (the test's Hypothesis data) lets an
+        exception out of the implementation be retried on a second case, so that one
+        raised the same on every input ends the test at once (tritoncheck/unrunnable.py)."""
+        try:
+            self._run(case)
+        except (AssertionError, UnsatisfiedAssumption):
+            raise  # a check's verdict on a value, or an example discarded: never a constant error
+        except Exception as exc:
+            retry = None if data is None or _cuda_context_broken() else lambda: self._retry(case, data)
+            unrunnable.judge(exc, impl_key=self.impl_key, impl_name=self.impl.name, test_id=self.id,
+                             backend=backend.current(), retry=retry)
+            raise
+
+    @property
+    def impl_key(self) -> str:
+        return f"{self.op.name}-{self.impl.name}"
+
+    def _retry(self, first: Case, data) -> None:
+        """The check on a second case, different from ``first`` where the strategy allows,
+        outside the report's records and counts (it decides how to report, not what)."""
+        case = first
+        for _ in range(3):
+            try:
+                case = data.draw(self.strategy(), label="retry case")
+            except OutsideLimits:  # none drawn: nothing to compare, the first failure stands
+                return
+            if case.describe() != first.describe():
+                break
+        with poisoned_allocations_for(self.impl.fn), autotune_configs.pinned_all(self.impl.fn, CONFIG.autotune_config):
+            self.check.run(case, self.impl)
+
+    def _run(self, case: Case) -> None:
         sink = _collector.sink(self, case) if _collector is not None and self.check.name in RECORDED_CHECKS else None
         invalid, refused, start = False, False, time.perf_counter()
         try:
@@ -176,6 +208,19 @@ class Target:
                             f"{refusals.how_to_declare(self.impl.name)}\nthe first, with its traceback:\n"
                             f"{_collector.first_traceback.get(self.id, '')}", pytrace=False)
             pytest.skip(f"every example was refused ({n} drawn): {refusals.summarise(refused)}")
+
+
+def _cuda_context_broken() -> bool:
+    """Whether a CUDA error stuck to this process's context (a wild access): every later
+    call would raise it again, whatever the input, so a retry would prove nothing; the
+    plugin reports it (``Session.cuda_broken_by``)."""
+    if backend.current() != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - torch's class for it varies by version
+        return True
+    return False
 
 
 def account_refusals(target: Target, excinfo, report, item) -> None:

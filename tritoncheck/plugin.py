@@ -23,10 +23,10 @@ import statistics
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import InvalidArgument
 
-from tritoncheck import backend, devices
+from tritoncheck import backend, devices, unrunnable
 from tritoncheck.config import CONFIG, PROFILE_SIZES, RunConfig
 
 NAME = "tritoncheck.plugin"  # the entry point's name: `-p tritoncheck.plugin` is then the same plugin
@@ -67,13 +67,28 @@ _COMMON = dict(
     print_blob=True,
     suppress_health_check=list(SUPPRESSED),
 )
-PROFILES = ("dev", "ci", "gpu", "nightly")
+PROFILES = ("quick", "dev", "ci", "gpu", "nightly")
 # Per profile, the share of max_examples that must have counted (run the check to the end:
 # neither discarded by assume nor refused) for a test to pass; fewer fail it as not reached
 # (tritoncheck/harness.py below_min_counted). Half: dev and ci 10 of 20, gpu 50 of 100,
 # nightly 500 of 1000; --max-examples N: ceil(N / 2). Hypothesis itself stops only once
 # discards pass 458 + 100 per counted example, so a test can otherwise pass on one.
-MIN_COUNTED_SHARE = {"dev": 0.5, "ci": 0.5, "gpu": 0.5, "nightly": 0.5}
+MIN_COUNTED_SHARE = {"quick": 0.5, "dev": 0.5, "ci": 0.5, "gpu": 0.5, "nightly": 0.5}
+# A first verdict on every check of an op in under a minute on one GPU, compilation
+# included (issue 25: at the gpu profile third-party ops gave none in 480 s, most of it
+# Triton compiling a kernel per new shape and constexpr). Cheap on three counts:
+# - few examples: 10, so the minimum of counted examples is 5 a test;
+# - bounded compilations: the dims kernels specialise or autotune on come from a pool of
+#   QUICK_SHAPES sizes per (op, dim) besides the block boundaries (tritoncheck/shape_pool.py;
+#   --shapes overrides), at the interpreter's small sizes (config.PROFILE_SIZES), whatever
+#   the example count. 4, not 1: at 1 the pool is nearly all powers of two, and softmax's
+#   padded_lanes_zero (a row off a power of two) survived all 12 float32 checks;
+# - no shrinking, which reruns a failure hundreds of times (new shapes, new compilations)
+#   for a smaller case: a failure is reported as found, replay files and all; the gpu
+#   profile that follows (the tritoncheck command runs it next) shrinks.
+settings.register_profile("quick", max_examples=10, phases=(Phase.explicit, Phase.reuse, Phase.generate),
+                          **_COMMON)
+QUICK_SHAPES = 4
 settings.register_profile("dev", max_examples=20, **_COMMON)
 # Sized for the Triton interpreter on a 2-core CPU: small shapes (CONFIG.size),
 # derandomized so CI is reproducible. 20 examples: the checks take ~3.5 min with -n 2
@@ -92,7 +107,8 @@ def pytest_addoption(parser):
     group.addoption("--op", action="append", default=[], help="run only this op (repeatable)")
     group.addoption("--dtype", action="append", default=[], help="run only this dtype: float32, float16, bfloat16")
     group.addoption("--impl", action="append", default=[], metavar="OP=module:function",
-                    help="test this function for OP instead of the project's kernel (repeatable); only the ops named run")
+                    help="test this function for OP instead of the project's kernel (repeatable); only the ops named run, "
+                         "at the quick profile unless --hypothesis-profile names another (gpu for depth)")
     group.addoption("--report-dir", default="reports", help="where the tolerance report and failing cases go")
     group.addoption("--max-examples", type=int, default=None,
                     help="examples per test, overriding the profile's (sizes still follow the profile)")
@@ -105,7 +121,8 @@ def pytest_addoption(parser):
                          "are discarded, and every refusal of the project's own kernels, mutants and controls fails")
     group.addoption("--shapes", type=int, default=None, metavar="N",
                     help="draw the dims kernels specialise or autotune on (head dims, heads, batch, last dims) from "
-                         "a pool fixed for the run per (op, dtype, dim): the block boundaries and N other sizes; "
+                         "a pool fixed for the run per (op, dtype, dim): the block boundaries and N other sizes (default 4 in "
+                         "the quick profile, else no pool); "
                          "sequence and row counts stay free (bounds compilations of autotuned kernels)")
     group.addoption("--shapes-seed", type=int, default=0, help="which N values --shapes picks")
     group.addoption("--autotune-config", default="tuned", metavar="tuned|I",
@@ -194,7 +211,7 @@ def pytest_configure(config):
     # One GPU per xdist worker (gw<i> -> GPU i % G), before anything (a --impl module at
     # import, below) can make a tensor on CUDA's default device
     devices.select_worker_gpu(config.workerinput["workerid"] if _is_worker(config) else None, chosen)
-    profile = config.getoption("hypothesis_profile", None) or ("gpu" if chosen == "cuda" else "ci")
+    profile = config.getoption("hypothesis_profile", None) or default_profile(config, chosen)
     settings.load_profile(profile)
     if config.getoption("--max-examples"):
         settings.register_profile(f"{profile}-capped", parent=settings.get_profile(profile),
@@ -209,6 +226,14 @@ def pytest_configure(config):
     config.pluginmanager.register(Session(config, profile, chosen), "tritoncheck-session")
 
 
+def default_profile(config, chosen_backend: str) -> str:
+    """Without --hypothesis-profile: ``quick`` for a run of the user's own functions
+    (--impl), a verdict in a minute first; else ``gpu`` on CUDA and ``ci`` elsewhere."""
+    if config.getoption("--impl"):
+        return "quick"
+    return "gpu" if chosen_backend == "cuda" else "ci"
+
+
 def _configure_run(config, profile: str) -> None:
     """The run's settings (``CONFIG``) and implementations from the command line."""
     from tritoncheck import registry
@@ -218,6 +243,8 @@ def _configure_run(config, profile: str) -> None:
     CONFIG.report_dir = Path(config.getoption("--report-dir"))
     CONFIG.tolerance = config.getoption("--tolerance")
     CONFIG.shapes, CONFIG.shapes_seed = config.getoption("--shapes"), config.getoption("--shapes-seed")
+    if CONFIG.shapes is None and profile == "quick":
+        CONFIG.shapes = QUICK_SHAPES  # bounded compilations (see the quick profile)
     if CONFIG.shapes is not None and CONFIG.shapes < 1:
         raise ValueError(f"--shapes must be at least 1, got {CONFIG.shapes}")
     autotune = config.getoption("--autotune-config")
@@ -247,6 +274,20 @@ def _configure_run(config, profile: str) -> None:
         raise ValueError(f"--op {', '.join(CONFIG.ops)} selects none of the ops given with --impl "
                          f"({', '.join(sorted(user))}): nothing would run")
     CONFIG.configured = True
+
+
+def _report_unrunnable(exc: unrunnable.Unrunnable, report, item) -> None:
+    """A test ended by a constant error (tritoncheck/unrunnable.py): failed with the verdict
+    and the first traceback, no Hypothesis output; skipped, with the verdict, when the error
+    is the Triton interpreter's (not a verdict on the kernel). The verdict travels in
+    ``user_properties`` (serialised by xdist) for the summary, printed once."""
+    error = exc.error
+    if error.under_interpreter:
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {error.verdict()}")
+    else:
+        report.longrepr = exc.error.text(exc.test_id)
+    report.user_properties.append((unrunnable.PROPERTY, (error.verdict(), error.summary())))
 
 
 def _kill_summary(kills: list[tuple[str, bool, float]]) -> list[str]:
@@ -279,6 +320,7 @@ class Session:
         self.kills: list[tuple[str, bool, float]] = []
         self.report: dict | None = None
         self.nothing_checked = False
+        self.unrunnable: dict[str, str] = {}  # verdict line -> its text, once per implementation and error
         self.verdicts: dict[str, str] = {}  # check id -> passed, failed, skipped, xfailed, xpassed, error
         from tritoncheck import report_shards
         self.shard = report_shards.parse(config.getoption("--shard")) if config.getoption("--shard") else None
@@ -318,6 +360,9 @@ class Session:
             self.kills.append((report.nodeid.partition("[")[2].rstrip("]"), report.passed, report.duration))
         if CHECK not in report.keywords:
             return
+        for key, value in report.user_properties:
+            if key == unrunnable.PROPERTY:
+                self.unrunnable.setdefault(value[0], value[1])
         self._record_verdict(report)
         if report.when == "call" or (report.when == "setup" and report.skipped):
             if report.skipped:
@@ -361,7 +406,10 @@ class Session:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
         report = (yield).get_result()
-        if call.when == "call" and item.get_closest_marker(CHECK):
+        ended = call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(unrunnable.Unrunnable)
+        if ended:
+            _report_unrunnable(call.excinfo.value, report, item)
+        elif call.when == "call" and item.get_closest_marker(CHECK):
             from tritoncheck import harness
             harness.account_refusals(item.callspec.params["target"], call.excinfo, report, item)
         if call.when == "call" and report.failed and self.cuda_broken_by is None and self.backend == "cuda":
@@ -370,6 +418,15 @@ class Session:
                 torch.cuda.synchronize()  # returns the sticky error if the context is broken
             except Exception as exc:  # noqa: BLE001 - torch's class for it varies by version
                 self.cuda_broken_by = f"{item.nodeid} ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+
+    @staticmethod
+    def _unrunnable_section(tr, verdicts: dict[str, str]) -> None:
+        if not verdicts:
+            return
+        tr.section("implementations that raise the same error on every input")
+        for line, text in verdicts.items():
+            tr.write_line(line, red=True)
+            tr.write_line(text.partition("\n")[2])
 
     def pytest_runtest_setup(self, item):
         if self.cuda_broken_by:
@@ -410,6 +467,7 @@ class Session:
             return
         from tritoncheck import report
         tr, data = terminalreporter, self.report
+        self._unrunnable_section(tr, self.unrunnable)
         refused = report.refusal_lines(data)
         if refused:
             tr.section("refusals per op and dtype")

@@ -1,8 +1,9 @@
 """A user's own package named ``kernels`` (like the suite's): one correct softmax, one wrong.
 
 ``.ci/run`` checks both from a temporary directory with tritoncheck installed
-(``scripts/installed_demo.sh``): the first must pass, the second fail with a shrunk case
-and a replay command that works from that directory.
+(``scripts/installed_demo.sh``): the first must pass, the second fail with the failing
+case as found (the quick profile does not shrink) and a replay command that works from
+that directory.
 """
 import torch
 
