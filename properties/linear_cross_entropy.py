@@ -228,8 +228,8 @@ def chunk_size_invariant(case: Case, impl: Implementation) -> None:
 
 
 def agrees_with_cross_entropy(case: Case, impl: Implementation) -> None:
-    """The loss equals the suite's own ``cross_entropy`` kernel (the project's, whatever is
-    under test for it) on the materialised fp32 logits ``x @ weight.T`` (softcapped in
+    """The loss equals the project's ``cross_entropy`` kernel (whatever implementation a run
+    puts under test for that op) on the materialised fp32 logits ``x @ weight.T`` (softcapped in
     fp32), reduced as the contract says, within the combined allowance: the linear rule
     twice, since each side forms fp32 logits of the same dots and takes an fp32
     logsumexp of them, so each is within that rule of the same fp64 loss."""
