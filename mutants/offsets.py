@@ -3,10 +3,11 @@ GPU only) rather than the self-test: no fuzzed case is large enough to trigger t
 This module is not a family module, so the self-test does not hunt it."""
 from __future__ import annotations
 
+from tritoncheck.kernels import linear_cross_entropy as _lce_kernel
 from tritoncheck.kernels import losses as _kernel
 from tritoncheck.mutation import mutant
 
-__all__ = ["row_offset_int32"]
+__all__ = ["row_offset_int32", "linear_cross_entropy_rows_int32"]
 
 row_offset_int32 = mutant(
     "cross_entropy",
@@ -23,4 +24,21 @@ row_offset_int32 = mutant(
         "Triggered only by logits past 2**31 elements."
     ),
     kills=("large_index",),  # not a registry check: tests/test_large_index.py must fail it
+)
+
+linear_cross_entropy_rows_int32 = mutant(
+    "linear_cross_entropy",
+    _lce_kernel,
+    [("    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)\n    row_ok = rows < N\n"
+      "    tgt = tl.load(TARGET + rows * stride_t, mask=row_ok, other=ignore_index)\n    m = ",
+      "    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)\n    row_ok = rows < N\n"
+      "    tgt = tl.load(TARGET + rows * stride_t, mask=row_ok, other=ignore_index)\n    m = ")],
+    name="linear_cross_entropy_rows_int32",
+    bug=(
+        "The fused linear cross-entropy forward keeps its row indices in int32 (program_id "
+        "without the cast to int64), so x's offset row * stride wraps once N * H passes "
+        "2**31 - 1: the loss of every row past it is computed from another row's x. Triggered "
+        "only by x past 2**31 elements."
+    ),
+    kills=("large_index",),
 )

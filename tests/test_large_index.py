@@ -91,16 +91,18 @@ def test_past_int32_offsets_match_the_reference(op, impl, dtype):
     assert compared >= 5
 
 
-def test_an_int32_row_offset_is_caught():
-    """tritoncheck.mutants.offsets:row_offset_int32 (cross-entropy, int32 row * stride) fails it, in a
-    spawned child: its wild reads may break the CUDA context."""
-    reason = _why_not("cross_entropy", torch.bfloat16)
+@pytest.mark.parametrize("op, mutant", [("cross_entropy", "row_offset_int32"),
+                                         ("linear_cross_entropy", "linear_cross_entropy_rows_int32")])
+def test_an_int32_row_offset_is_caught(op, mutant):
+    """tritoncheck.mutants.offsets' int32 row offsets (cross-entropy's row * stride; fused linear
+    cross-entropy's row indices) fail it, in a spawned child: wild reads may break the CUDA context."""
+    reason = _why_not(op, torch.bfloat16)
     if reason:
         pytest.skip(reason)
     from tritoncheck.selfcheck import isolated
     with _one_at_a_time():
-        verdict = isolated(verdict_of, "tritoncheck.mutants.offsets:row_offset_int32", "cross_entropy", "bfloat16")
-    assert verdict.failed, "the int32 row-offset mutant passed the large-index check"
+        verdict = isolated(verdict_of, f"tritoncheck.mutants.offsets:{mutant}", op, "bfloat16")
+    assert verdict.failed, f"the int32 row-offset mutant {mutant} passed the large-index check"
     print(verdict.text[:2000])
 
 

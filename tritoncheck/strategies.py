@@ -229,6 +229,7 @@ def _family_values(rng: np.random.Generator, shape: tuple[int, ...], family: str
         v = rng.integers(0, int(scale), shape).astype(np.float64)
     else:
         raise ValueError(f"unknown value family {family!r}; known: {', '.join(FAMILIES)}")
+    v = np.asarray(v, dtype=np.float64)  # a 0-dim draw (a scalar loss's upstream gradient) is a float
     return np.clip(v, -cap, cap, where=np.isfinite(v), out=v)
 
 
@@ -353,7 +354,7 @@ def tensors(draw, shape: tuple[int, ...], dtype: torch.dtype, *,
     if family in ("near_max", "tiny"):
         scale = 1.0
     seed = draw(st.integers(0, 2**32 - 1))
-    lay = draw(layouts(len(shape), keep_last=keep_last)) if layout else None
+    lay = draw(layouts(len(shape), keep_last=keep_last)) if layout and shape else None  # 0-dim: one layout
     injections: tuple = ()
     numel = math.prod(shape)
     # Injections only in some examples: two special values in every row would drown the
