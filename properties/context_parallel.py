@@ -300,9 +300,9 @@ def _runnable_on_ranks(impl: Implementation) -> str | None:
 
 
 def _cases(dtype: torch.dtype, limits=None, **fixed) -> st.SearchStrategy[Case]:
-    if limits:
-        raise ValueError("cp_attention takes no declared limits: its implementations run on ranks, beyond limits' "
-                         "reach (declare dtypes instead)")
+    """The op's cases on this run's ranks. ``limits``: the record names no dims or choices,
+    so a declaration can only be of layout and dtype, which ``Limits.fit`` applies to each
+    drawn case (harness.Target.strategy)."""
     return cp_cases(dtype, CONFIG.world_size, **fixed)
 
 
