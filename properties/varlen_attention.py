@@ -394,18 +394,20 @@ def _shifted_end(cu: torch.Tensor, by: int) -> torch.Tensor:
     return out
 
 
-def _swapped_middle(cu: torch.Tensor) -> torch.Tensor:
-    """Offsets that decrease somewhere: the first inner offset past the second."""
-    out = torch.cat([cu[:1], cu[-1:] + 1, cu[1:]]) if cu.numel() == 2 else cu.clone()
-    if cu.numel() > 2:
-        out[1] = cu[-1]
+def _not_monotone(cu: torch.Tensor) -> torch.Tensor:
+    """Offsets that decrease once: the first inner offset one past the packed total (one
+    inserted when there is none), the end kept."""
+    if cu.numel() == 2:
+        return torch.cat([cu[:1], cu[-1:] + 1, cu[-1:]])
+    out = cu.clone()
+    out[1] = cu[-1] + 1
     return out
 
 
 _OFFSET_SPOILERS = tuple(
     s for name in ("cu_seqlens_q", "cu_seqlens_k") for s in (
         tensor_spoilers(name, fixed_rank=True, integer=True)
-        + (Spoiler(name, "not monotone", lambda a, name=name: _swapped_middle(a[name])),
+        + (Spoiler(name, "not monotone", lambda a, name=name: _not_monotone(a[name])),
            Spoiler(name, "ending past the packed token count", lambda a, name=name: _shifted_end(a[name], 1)),
            Spoiler(name, "ending before the packed token count", lambda a, name=name: _shifted_end(a[name], -1)),
            Spoiler(name, "starting at 1", lambda a, name=name: a[name] + 1),
