@@ -121,3 +121,23 @@ def test_every_mutant_differs_from_the_kernel_where_its_bug_says():
     assert torch.isnan(o_nan[18:21]).all()
     o_read, _ = mutants.packed_bound_for_keys(q, k, v, cq, ck)
     assert not torch.equal(varlen_attention(q, k, v, cq, ck)[0], o_read)
+
+
+def test_the_sequence_split_of_the_large_index_check_works_at_a_small_size(monkeypatch):
+    """tritoncheck/large_index.py's "sequences" split (whole sequences cut out of packed
+    tensors, offsets rebuilt, o by rows and lse by columns, dq by query rows and dk, dv by
+    key rows), on a few thousand elements instead of 2**31, with sequences of 5 tokens."""
+    import dataclasses
+
+    import tritoncheck.large_problem as large
+    from tritoncheck import large_index, registry
+    monkeypatch.setattr(large, "PAST_INT32", 3000)
+    spec = registry.load()["varlen_attention"]
+    small = dataclasses.replace(spec.large_problem, build=large.packed_sequences(5, 8))
+    monkeypatch.setitem(registry.OPS, "varlen_attention", dataclasses.replace(spec, large_problem=small))
+    kernel = registry.Implementation.of("varlen_attention", varlen_attention, kind="kernel")
+    assert large_index.check("varlen_attention", kernel, torch.float16, DEVICE) >= 5
+    # and a kernel that mixes up sequences fails it
+    broken = registry.Implementation.of("varlen_attention", mutants.packed_bound_for_keys, kind="mutant")
+    with pytest.raises(AssertionError, match="past 2\\*\\*31"):
+        large_index.check("varlen_attention", broken, torch.float16, DEVICE)
