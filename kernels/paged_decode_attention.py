@@ -29,7 +29,6 @@ import math
 import numbers
 
 import torch
-import triton
 import triton.language as tl
 
 from tritoncheck.kernels.attention import _DTYPES, LOG2E, MAX_HEAD_DIM, _block_d, _interpreting

@@ -90,3 +90,21 @@ def packed_sequences(n: int, d: int) -> Callable:
         return {**{name: randn((sequences * n, 16, d), dtype, device) for name in ("q", "k", "v")},
                 "cu_seqlens_q": offsets, "cu_seqlens_k": offsets.clone()}
     return build
+
+
+def paged_cache(page_size: int, kv_heads: int, d: int) -> Callable:
+    """A paged KV cache past 2**31 elements ([P, page_size, kv_heads, d] each), its pages
+    shuffled among sequences of up to 2048 pages; q [B, 4 kv_heads, d], block_table [B,
+    pages per sequence], seq_lens ending anywhere in each sequence's last page."""
+    pages = rows_past_int32(page_size * kv_heads * d)
+    per = min(2048, pages)
+    batch = max(1, pages // per)
+
+    def build(dtype, device):
+        table = torch.randperm(pages, device=device)[:batch * per].reshape(batch, per).to(torch.int32)
+        lens = per * page_size - torch.arange(batch, device=device, dtype=torch.int32) % page_size
+        return {"q": randn((batch, 4 * kv_heads, d), dtype, device),
+                "k_cache": randn((pages, page_size, kv_heads, d), dtype, device),
+                "v_cache": randn((pages, page_size, kv_heads, d), dtype, device),
+                "block_table": table, "seq_lens": lens}
+    return build
