@@ -30,10 +30,12 @@ def naive_torch_per_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, 
                                  window, None, softcap)
         o_parts.append(o_b[0].transpose(0, 1))
         lse_parts.append(lse_b[0].float())
-    # k and v reach the output with weight 0 when no sequence reads them (autograd needs a path);
-    # one element each, so that no sum of near-max values overflows into 0 * inf
-    o = torch.cat(o_parts) + 0 * (k.flatten()[:1].sum() + v.flatten()[:1].sum())
-    return o, torch.cat(lse_parts, dim=1)
+    # k and v reach o's first element with weight 0 (autograd needs a path when no sequence reads
+    # them): one element each, added to one element, so that their gradient is do[0] * 0 = 0 and
+    # no sum (of near-max values, or of the upstream gradient in float16) overflows into 0 * inf
+    flat = torch.cat(o_parts).flatten()
+    first = flat[:1] + 0 * k.flatten()[:1] + 0 * v.flatten()[:1]
+    return torch.cat([first, flat[1:]]).view(-1, *q.shape[1:]), torch.cat(lse_parts, dim=1)
 
 
 naive_torch_per_sequence.uses_triton = False  # plain PyTorch: no interpreter limits apply
