@@ -84,4 +84,5 @@ _LOSS_IN_INPUT_DTYPE = (
 )
 torch_cross_entropy_input_dtype.expected_failures = {
     "matches_reference": _LOSS_IN_INPUT_DTYPE, "shift_invariant": _LOSS_IN_INPUT_DTYPE,
+    "calls_independent": _LOSS_IN_INPUT_DTYPE,  # each of its two calls is compared with the reference
 }

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from tritoncheck import backend, parity, tolerance
 from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
-from tritoncheck.generic import generic_checks, gradients_match_reference, precision, run
+from tritoncheck.generic import calls_independent, generic_checks, gradients_match_reference, precision, run
 from tritoncheck.large_problem import LargeProblem, row_wise
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
@@ -99,7 +99,7 @@ def layer_norm_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Ca
     x = draw(tensors(shape, dtype, families=X_FAMILIES, max_magnitude=cap,
                      specials=special_values(dtype, max_magnitude=cap)))
     weight, bias = _affine(draw, n, dtype)
-    eps = draw(st.sampled_from(EPSILONS))
+    eps = draw(limits.choice("eps", EPSILONS))
     return Case("layer_norm", str(dtype).replace("torch.", ""), ("x", "weight", "bias", "eps"),
                 {"x": x, "weight": weight, "bias": bias}, {"eps": eps})
 
@@ -117,7 +117,7 @@ def dropout_residual_layer_norm_cases(draw, dtype: torch.dtype, limits: Limits =
                             specials=special_values(dtype, max_magnitude=cap / 2)))
     weight, bias = _affine(draw, n, dtype)
     seed = draw(st.one_of(st.integers(0, 2**16), st.integers(0, 2**63 - 1)))
-    eps = draw(st.sampled_from(EPSILONS))
+    eps = draw(limits.choice("eps", EPSILONS))
     return Case("dropout_residual_layer_norm", str(dtype).replace("torch.", ""),
                 ("x", "residual", "weight", "bias", "p", "seed", "eps"),
                 {"x": x, "residual": residual, "weight": weight, "bias": bias},
@@ -468,7 +468,7 @@ register(OpSpec(
         for c in generic_checks(grad=True)) + (
         Check("normalised_moments", normalised_moments),
         Check("constant_row_gives_bias", constant_row_gives_bias),
-        Check("shift_scale_invariant", shift_scale_invariant, cases=_with_affine),
+        Check("shift_scale_invariant", shift_scale_invariant, cases=_with_affine, needs_arguments=("eps",)),
     ),
 ))
 
@@ -502,7 +502,10 @@ register(OpSpec(
     tolerance=dropout_tolerance,
     output_dtypes={"keep": torch.bool},
     checks=(Check("matches_reference", dropout_matches_reference),)
-    + tuple(c for c in generic_checks(grad=False) if c.name != "matches_reference") + (
+    + tuple(c for c in generic_checks(grad=False) if c.name not in ("matches_reference", "calls_independent")) + (
+        # at p = 0 only: calls_independent compares with the fp64 reference, which for p > 0
+        # needs the returned keep mask (a cache of y and keep keyed by shape fails at p = 0 all the same)
+        Check("calls_independent", calls_independent, cases=lambda op, dtype: _with_p(op, dtype, (0.0,))),
         Check("p_zero_is_layer_norm", p_zero_is_layer_norm, cases=lambda op, dtype: _with_p(op, dtype, (0.0,))),
         Check("keep_fraction_binomial", keep_fraction_binomial, false_alarm=FALSE_ALARM),
         Check("seed_reproducible", seed_reproducible,

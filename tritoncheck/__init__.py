@@ -39,6 +39,8 @@ _PUBLIC = {
     "Case": "strategies",
     "TensorSpec": "strategies",
     "Refusal": "refusals",
+    "verify": "verifier",
+    "Verdict": "verifier",
 }
 __all__ = ["__version__", *_PUBLIC]
 

@@ -96,6 +96,27 @@ def autotuners_in(*packages: str) -> tuple[Autotuner, ...]:
     return tuple(found.values())
 
 
+_turns: dict[int, int] = {}
+
+
+def each_in_turn(fn: Callable, index: int | None) -> int | None:
+    """The config index for ``fn``'s next call of a check: ``index`` when the run pins one
+    (``--autotune-config I``), else 0, 1, 2, ... call after call (None when ``fn``
+    declares no autotuned kernel).
+
+    Left to autotune, a kernel times every config on one shared output buffer and then
+    runs the winner on it: a config that writes nothing returns the previous config's
+    answer and, being fastest, wins (triton-lang/triton#9230); only later calls with
+    the same key show it. Pinned in turn, each config runs alone on the check's freshly
+    poisoned (NaN) outputs, so every config is checked within as many examples as
+    it has, and no example pays for a timing sweep."""
+    if index is not None or not autotuned_kernels(fn):
+        return index
+    turn = _turns.get(id(fn), 0)
+    _turns[id(fn)] = turn + 1
+    return turn
+
+
 @contextlib.contextmanager
 def pinned_all(fn: Callable, index: int | None) -> Iterator[None]:
     """Every autotuned kernel that ``fn`` declares runs its config ``index`` (modulo its

@@ -6,6 +6,7 @@ Each family module builds its :class:`~tritoncheck.registry.OpSpec` with
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 import numpy as np
@@ -36,13 +37,13 @@ def rule_name(fn) -> str:
 
 
 def run(case: Case, impl: Implementation, values: Mapping[str, Any] | None = None):
-    """Materialise ``case`` (unless ``values`` are given), call ``impl``, name its outputs."""
-    op = OPS[case.op]
+    """Materialise ``case`` (unless ``values`` are given), call ``impl`` as its signature and
+    declarations say (tritoncheck/calling.py), name the outputs it returns."""
     if values is None:
         with timed("inputs"):
             values = case.materialise(backend.device())
     with timed("kernel"):
-        return dict(values), op.unpack(case.call(impl.fn, values))
+        return dict(values), impl.outputs(impl.call(values, case.args, case.kwargs))
 
 
 def _check_output_types(op: OpSpec, case: Case, outs: Mapping[str, torch.Tensor]) -> None:
@@ -53,20 +54,43 @@ def _check_output_types(op: OpSpec, case: Case, outs: Mapping[str, torch.Tensor]
             raise AssertionError(f"{op.name} output {name!r} has dtype {t.dtype}, the contract says {want}")
 
 
+def snapshot(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of every tensor in ``values`` (whole storage, same strides and offset): the
+    inputs as they were before a call, whatever the call then writes into them."""
+    out = {}
+    for name, v in values.items():
+        if isinstance(v, torch.Tensor):
+            out[name] = _whole_storage(v).clone().as_strided(v.shape, v.stride(), v.storage_offset())
+        else:
+            out[name] = v
+    return out
+
+
 def matches_reference(case: Case, impl: Implementation) -> None:
-    """Every output matches the fp64 NumPy reference, run on the same rounded inputs,
-    within the op's derived tolerance."""
+    """Every output matches the fp64 NumPy reference, run on the same rounded inputs as
+    they were before the call, within the op's derived tolerance."""
     op = OPS[case.op]
-    values, outs = run(case, impl)
+    with timed("inputs"):
+        values = case.materialise(backend.device())
+        before = snapshot(values)
+    _, outs = run(case, impl, values)  # the outputs the implementation returns (its declared ``returns``)
+    assert_matches_reference(op, case, impl, before, outs)
+
+
+def assert_matches_reference(op: OpSpec, case: Case, impl: Implementation, inputs: Mapping[str, Any],
+                             outs: Mapping[str, torch.Tensor]) -> None:
+    """``outs`` against the fp64 reference of ``inputs``: taken before the call (a kernel
+    that wrote its wrong answer's preimage into its inputs would otherwise agree with a
+    reference computed after it)."""
     _check_output_types(op, case, outs)
     with timed("reference"):
-        expected, inputs64 = op.expected(case, values)
+        expected, inputs64 = op.expected(case, inputs)
     with timed("allowance"):
         allowed = op.tolerance(case, inputs64, expected, precision(impl, case))
     with timed("torch baseline"):
-        baseline = parity.baseline_errors(op.name, getattr(torch, case.dtype), case, values, outs, expected)
+        baseline = parity.baseline_errors(op.name, getattr(torch, case.dtype), case, inputs, outs, expected)
     with timed("compare"):
-        for name in op.outputs:
+        for name in outs:
             parity.assert_close(name, outs[name], expected[name], allowed[name], baseline[name],
                                 dtype=op.output_dtypes.get(name, getattr(torch, case.dtype)),
                                 computed_in=getattr(torch, case.dtype), rule=rule_name(op.tolerance))
@@ -195,6 +219,44 @@ def inputs_unchanged(case: Case, impl: Implementation) -> None:
         assert_identical(name, snapshot, _whole_storage(values[name]), f"{impl.name} wrote into its input {name!r}")
 
 
+def _new_values(case: Case) -> Case:
+    """``case`` with the same shapes, layouts and scalars and other values: every tensor's
+    seed moved (a cheat's cache key sees the same call; its values are not the same)."""
+    return case.replace(tensors={k: dataclasses.replace(spec, seed=spec.seed + 1) for k, spec in case.tensors.items()})
+
+
+def calls_independent(case: Case, impl: Implementation) -> None:
+    """Each call's outputs are those of its own inputs, and stay so: call A, then call B
+    (same shapes, layouts and scalars, other values) written into A's buffers, so that it
+    has A's data pointers too. Each must match the fp64 reference of its inputs, and A's
+    outputs must be bit for bit unchanged by the later call. A result cache keyed by
+    shapes or pointers, a skipped launch that returns an uninitialised (or previous)
+    buffer, and one output buffer returned to every caller each fail here; one call per
+    case (matches_reference) cannot see them."""
+    op = OPS[case.op]
+    second = _new_values(case)
+    a = case.materialise(backend.device())
+    a_before = snapshot(a)
+    _, first = run(case, impl, a)
+    kept = {name: t.detach().clone() for name, t in first.items()}
+    assert_matches_reference(op, case, impl, a_before, first)
+    b = second.materialise(backend.device())
+    with torch.no_grad():
+        for name in second.tensors:
+            a[name].copy_(b[name])  # B's values at A's addresses
+    b_before = snapshot(a)
+    _, then = run(second, impl, a)
+    try:
+        assert_matches_reference(op, second, impl, b_before, then)
+    except AssertionError as exc:
+        raise AssertionError(f"a second call on other values of the same shapes, in the first call's buffers, "
+                             f"is wrong: the implementation keeps state across calls (the second call's inputs: "
+                             f"the case below with every tensor's seed + 1)\n{exc}") from None
+    for name, t in first.items():
+        assert_identical(name, kept[name], t.detach(), f"a later call of {impl.name} changed the output of an "
+                                                       "earlier one (an output buffer shared between calls)")
+
+
 def deterministic(case: Case, impl: Implementation) -> None:
     """Two calls on the same inputs give bitwise identical outputs (and gradients,
     where the implementation has a backward)."""
@@ -202,9 +264,9 @@ def deterministic(case: Case, impl: Implementation) -> None:
     values = case.materialise(backend.device())
     _, first = run(case, impl, values)
     _, second = run(case, impl, values)
-    for name in op.outputs:
+    for name in first:
         assert_identical(name, first[name], second[name], f"{impl.name} is not deterministic")
-    if op.grad_inputs and impl.supports_backward:
+    if op.grad_inputs and impl.supports_backward and set(op.grad_outputs) <= set(first):
         _, g1 = _backward(op, case, impl, dict(values))
         _, g2 = _backward(op, case, impl, dict(values))
         for name in op.grad_inputs:
@@ -230,7 +292,13 @@ def backward_repeatable(case: Case, impl: Implementation) -> None:
 
 
 def _needs_backward(impl: Implementation) -> str | None:
-    return None if impl.supports_backward else f"{impl.name} declares supports_backward = False"
+    if not impl.supports_backward:
+        return f"{impl.name} declares supports_backward = False"
+    missing = [o for o in OPS[impl.op].grad_outputs if o not in impl.returns]
+    if missing:
+        return (f"not applicable: {impl.name} returns {', '.join(impl.returns)} only (declared returns); the "
+                f"gradients flow through {', '.join(missing)}")
+    return None
 
 
 def generic_checks(grad: bool) -> tuple[Check, ...]:
@@ -239,6 +307,7 @@ def generic_checks(grad: bool) -> tuple[Check, ...]:
     if grad:
         checks.append(Check("gradients_match_reference", gradients_match_reference, cases=with_upstream, requires=_needs_backward))
     checks.append(Check("inputs_unchanged", inputs_unchanged))
+    checks.append(Check("calls_independent", calls_independent))
     checks.append(Check("deterministic", deterministic, cases=with_upstream if grad else None))
     if grad:
         checks.append(Check("backward_repeatable", backward_repeatable, cases=with_upstream,

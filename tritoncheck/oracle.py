@@ -63,6 +63,10 @@ class Comparison:
     scale: float  # max |expected| over finite entries (the x axis of the report's plots)
     counted: int = 0  # elements a correct result pins down (see the module docstring)
     vacuous: int = 0  # of which the allowance reaches |expected|: 0 would pass there
+    # max |error| / |expected| over the counted elements only: there |expected| is above the
+    # floors and the output's own rounding, so the ratio is defined and finite; None when
+    # no element counted (the relative error is not defined anywhere in this output)
+    max_rel_counted: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -150,14 +154,17 @@ def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.nd
     scale = torch.where(fin, e.abs(), 0.0).amax()
     worst_flat = torch.where(mismatches, math.inf, ratio).flatten().argmax()
     ulps = err / tolerance.ulp(e, dtype) if dtype.is_floating_point else torch.zeros_like(err)
-    counted, vacuous = _vacuity(e, allowed, fin, dtype, scale)
+    counted_mask = _counted(e, allowed, fin, dtype, scale)
+    counted, vacuous = counted_mask.sum(), (counted_mask & (allowed >= e.abs())).sum()
+    rel_counted = torch.where(counted_mask, err / e.abs().clamp(min=math.ulp(0.0)), 0.0).amax()
     # ~(ratio <= 1): a NaN ratio is a violation, never a pass
     figures = torch.stack([err.amax(), torch.where(fin, ulps, 0.0).amax(), ratio.amax(), scale,
                            worst_flat.double(), e.flatten()[worst_flat], g.flatten()[worst_flat],
                            allowed.flatten()[worst_flat], (fin & ~(ratio <= 1)).sum().double(),
-                           mismatches.sum().double(), counted.double(), vacuous.double()]).tolist()
+                           mismatches.sum().double(), counted.double(), vacuous.double(),
+                           rel_counted]).tolist()
     max_abs, max_ulp, headroom, scale, worst_flat, expected_w, got_w, allowed_w, violations, mismatched, counted, \
-        vacuous = figures
+        vacuous, rel_counted = figures
     return Comparison(
         output=output, dtype=dtype, numel=e.numel(),
         max_abs=max_abs,
@@ -171,6 +178,7 @@ def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.nd
         scale=scale,
         counted=int(counted),
         vacuous=int(vacuous),
+        max_rel_counted=rel_counted if counted > 0 else None,
     )
 
 
@@ -188,14 +196,19 @@ def allowance_mostly_vacuous(expected: np.ndarray, allowed: np.ndarray, dtype: t
 def _vacuity(e: torch.Tensor, allowed: torch.Tensor, fin: torch.Tensor, dtype: torch.dtype,
              scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(counted, vacuous) elements, as the module docstring defines them (0-d tensors)."""
+    counted = _counted(e, allowed, fin, dtype, scale)
+    return counted.sum(), (counted & (allowed >= e.abs())).sum()
+
+
+def _counted(e: torch.Tensor, allowed: torch.Tensor, fin: torch.Tensor, dtype: torch.dtype,
+             scale: torch.Tensor) -> torch.Tensor:
+    """The elements a correct result pins down (the module docstring), as a mask."""
     if not dtype.is_floating_point:
-        zero = torch.zeros((), dtype=torch.int64, device=e.device)
-        return zero, zero
+        return torch.zeros_like(fin)
     threshold = torch.clamp(tolerance.unit_roundoff(dtype) * scale,
                             min=FLOOR_MULTIPLE * tolerance.underflow_floor(dtype))
     mag = torch.where(fin, e, 0.0).abs()
-    counted = fin & (mag > threshold) & (mag > REFERENCE_RESOLUTION * allowed)
-    return counted.sum(), (counted & (allowed >= mag)).sum()
+    return fin & (mag > threshold) & (mag > REFERENCE_RESOLUTION * allowed)
 
 
 def failure_text(c: Comparison, what: str) -> str:

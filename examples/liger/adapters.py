@@ -4,9 +4,10 @@
 
 Each adapter calls Liger's autograd Function the way a model does and changes nothing
 numerical: what PyTorch adds is layout (rope's interleaved pairs <-> Liger's halves,
-exact copies), the contract's float32 loss (a cast of Liger's loss, which Liger returns
-in the logits' dtype) and softmax's temperature (``x / temperature`` in the input dtype,
-as a Liger user writes it). What Liger does not accept is refused up front with a
+exact copies) and the contract's float32 loss (a cast of Liger's loss, which Liger returns
+in the logits' dtype). Liger's softmax takes no temperature, and neither does the adapter:
+the suite holds it at 1 and reports ``temperature_equivalent`` not applicable (it reads
+the signature). What Liger does not accept is refused up front with a
 ``ValueError`` naming the argument, never papered over: Liger's own refusal there is a
 ``RuntimeError`` from ``calculate_settings`` (rows past 65536 elements), which the suite
 must not mistake for a crash.
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import torch
 from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
+from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
 from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 from liger_kernel.ops.rope import LigerRopeFunction
 from liger_kernel.ops.softmax import LigerSoftmaxFunction
 from liger_kernel.ops.swiglu import LigerSiLUMulFunction
@@ -36,9 +39,9 @@ def _refuse_long_rows(op: str, argument: str, n: int) -> None:
                          f"{MAX_FUSED_SIZE}, got {n}")
 
 
-def softmax(x, temperature=1.0):
+def softmax(x):
     _refuse_long_rows("softmax", "x", x.shape[-1])
-    return LigerSoftmaxFunction.apply(x if temperature == 1.0 else x / temperature)
+    return LigerSoftmaxFunction.apply(x)
 
 
 def cross_entropy(logits, target, ignore_index=-100):
@@ -77,12 +80,35 @@ def layer_norm(x, weight, bias, eps=1e-5):
     return LigerLayerNormFunction.apply(x, weight, bias, eps)
 
 
-for _fn in (softmax, cross_entropy, rope, swiglu, layer_norm):
+def rms_norm(x, weight, eps=1e-6):
+    """Liger's Llama casting mode (its default): x * rstd in float32, rounded to x's dtype,
+    then times the weight in that dtype. in_place=False: Liger's default writes dx into the
+    upstream gradient's memory, which the contract does not allow."""
+    _refuse_long_rows("rms_norm", "x", x.shape[-1])
+    return LigerRMSNormFunction.apply(x, weight, eps, 0.0, "llama", False)
+
+
+def rms_norm_gemma(x, weight, eps=1e-6):
+    """Liger's Gemma casting mode with offset 0: everything in float32, one rounding at the end."""
+    _refuse_long_rows("rms_norm", "x", x.shape[-1])
+    return LigerRMSNormFunction.apply(x, weight, eps, 0.0, "gemma", False)
+
+
+def add_rms_norm(x, residual, weight, eps=1e-6):
+    """Liger's fused residual add + RMSNorm (Llama casting): (y, x + residual)."""
+    _refuse_long_rows("add_rms_norm", "x", x.shape[-1])
+    return LigerFusedAddRMSNormFunction.apply(x, residual, weight, eps, 0.0, "llama", False)
+
+
+rms_norm.rms_norm_cast = add_rms_norm.rms_norm_cast = "before_weight"
+rms_norm_gemma.rms_norm_cast = "after_weight"
+
+for _fn in (softmax, cross_entropy, rope, swiglu, layer_norm, rms_norm, rms_norm_gemma, add_rms_norm):
     _fn.dtypes = _DTYPES
     _fn.supports_backward = True
 # What the adapters refuse, declared, so the suite draws inside it (tritoncheck/limits.py):
 # every example then counts instead of being refused and redrawn.
-for _fn in (softmax, swiglu, layer_norm):
+for _fn in (softmax, swiglu, layer_norm, rms_norm, rms_norm_gemma, add_rms_norm):
     _fn.limits = {"max_size": {"N": MAX_FUSED_SIZE}}
 rope.limits = {"same_dtype": ("cos", "sin")}
 # A stated contract difference, not a bug (docs/third-party/liger.md, finding 3): the loss comes
