@@ -77,3 +77,14 @@ key_block_alternates = mutant(
         "Class: a tuner or cache that picks a config per call. Trigger: more keys than one block.",
     kills=("deterministic",),
 )
+
+output_buffer_shared = mutant(
+    "paged_decode_attention", _kernel,
+    [("    o = torch.empty((batch, heads, d), dtype=q.dtype, device=q.device)\n",
+      "    o = paged_decode_attention.__dict__.setdefault((batch, heads, d, q.dtype, q.device), "
+      "torch.empty((batch, heads, d), dtype=q.dtype, device=q.device))\n")],
+    name="output_buffer_shared",
+    bug="o is written into one buffer per shape, kept across calls (a decode workspace reused between "
+        "steps): a later call overwrites the o an earlier caller holds. Trigger: two calls of one shape.",
+    kills=("calls_independent",),
+)

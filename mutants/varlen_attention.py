@@ -99,3 +99,15 @@ dq_written_into_saved_output = mutant(
         "(retain_graph=True).",
     kills=("backward_repeatable",),
 )
+
+lse_buffer_shared = mutant(
+    "varlen_attention", _kernel,
+    [("    lse = torch.full((heads, t_q), float(\"-inf\"), dtype=torch.float32, device=q.device)\n",
+      "    lse = _forward.__dict__.setdefault((heads, t_q, q.device), torch.empty((heads, t_q), dtype=torch.float32, "
+      "device=q.device)).fill_(float(\"-inf\"))\n")],
+    name="lse_buffer_shared",
+    bug="lse is written into one buffer per shape, kept across calls (a workspace cache): every call of "
+        "the same shape returns the same tensor, so a later call overwrites the lse an earlier caller "
+        "holds. Trigger: two calls of one shape.",
+    kills=("calls_independent",),
+)
