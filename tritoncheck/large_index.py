@@ -68,6 +68,31 @@ def _cut(t: torch.Tensor, split: str, index: list[int]) -> torch.Tensor:
     return t.flatten(0, 1)[index].unsqueeze(0).clone()
 
 
+class _SequenceCutter:
+    """Whole sequences ``index`` of a packed problem: a sliced tensor's rows by its own
+    offsets, an output's (or upstream gradient's) token axis by the first sliced tensor's;
+    ``offsets`` holds the rebuilt offsets of the cut problem."""
+
+    def __init__(self, problem: LargeProblem, values: dict[str, Any], index: list[int]):
+        self.problem = problem
+        self.rows, self.offsets = {}, {}
+        for name in set(problem.offsets.values()):
+            cu = values[name].tolist()
+            lengths = [cu[i + 1] - cu[i] for i in index]
+            device = values[name].device
+            self.rows[name] = torch.cat([torch.arange(cu[i], cu[i + 1], device=device) for i in index])
+            self.offsets[name] = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=values[name].dtype,
+                                              device=device)
+        self.tokens = values[problem.sliced[0]].shape[0]
+
+    def __call__(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        offsets = self.problem.offsets
+        if name in offsets:
+            return t.index_select(0, self.rows[offsets[name]]).clone()
+        axis = next(a for a, n in enumerate(t.shape) if n == self.tokens)
+        return t.index_select(axis, self.rows[offsets[self.problem.sliced[0]]]).clone()
+
+
 def _case(op: str, dtype: torch.dtype, values: dict[str, Any]) -> Case:
     """The slice as a Case: what the op's tolerance rules read (shapes, dtypes, scalars)."""
     spec = OPS[op]
@@ -95,17 +120,23 @@ def check(op: str, impl: Implementation, dtype: torch.dtype, device: torch.devic
                                   [dys[n] for n in spec.grad_outputs])
         grads = dict(zip(spec.grad_inputs, got))
     first = values[problem.sliced[0]]
-    count = first.shape[0] if problem.split == "rows" else first.shape[0] * first.shape[1]
+    if problem.split == "sequences":
+        count = values[problem.offsets[problem.sliced[0]]].numel() - 1
+    else:
+        count = first.shape[0] if problem.split == "rows" else first.shape[0] * first.shape[1]
     index = _slices(count, first.numel() // count, seed)
-
-    sub = {k: (_cut(v.detach(), problem.split, index) if k in problem.sliced else
+    cut = _SequenceCutter(problem, values, index) if problem.split == "sequences" else \
+        (lambda name, t: _cut(t, problem.split, index))
+    sub = {k: (cut(k, v.detach()) if k in problem.sliced else
                (v.detach() if isinstance(v, torch.Tensor) else v)) for k, v in values.items()}
+    if problem.split == "sequences":
+        sub.update(cut.offsets)
     case = _case(op, dtype, sub)
     where = f"{op} on {count} {problem.split} of {first.numel() // count} elements ({first.numel()} in all)"
     expected, inputs64 = spec.expected(case, sub)
     allowed = spec.tolerance(case, inputs64, expected, generic.precision(impl, case))
     for name in spec.outputs:
-        got, out_dtype = _cut(outs[name].detach(), problem.split, index), spec.output_dtypes.get(name, dtype)
+        got, out_dtype = cut(name, outs[name].detach()), spec.output_dtypes.get(name, dtype)
         if not out_dtype.is_floating_point:  # a mask: exactly the reference's
             wrong = int((got.cpu().numpy() != expected[name]).sum())
             if wrong:
@@ -115,8 +146,8 @@ def check(op: str, impl: Implementation, dtype: torch.dtype, device: torch.devic
         assert_close(name, got, expected[name], allowed[name], what=f"past 2**31 elements ({where}, slices {index})",
                      dtype=out_dtype, record=False)
     if grads_wanted:
-        _compare_grads(spec, problem, case, sub, {n: _cut(d, problem.split, index) for n, d in dys.items()},
-                       {n: _cut(g, problem.split, index) for n, g in grads.items() if n not in problem.whole_sum_grads},
+        _compare_grads(spec, problem, case, sub, {n: cut(n, d) for n, d in dys.items()},
+                       {n: cut(n, g) for n, g in grads.items() if n not in problem.whole_sum_grads},
                        impl, where, index)
     return len(index)
 
