@@ -214,9 +214,13 @@ def _rms_norm_bwd_dw_kernel(
 # --------------------------------------------------------------------------- validation
 
 
-def _check_inputs(x, weight, eps, residual=None) -> int:
+_NO_RESIDUAL = object()  # rms_norm's calls: add_rms_norm's residual is a tensor, never None
+
+
+def _check_inputs(x, weight, eps, residual=_NO_RESIDUAL) -> int:
     """Refuse bad input naming the argument; returns N."""
-    named = [("x", x)] + ([("residual", residual)] if residual is not None else []) + [("weight", weight)]
+    with_residual = residual is not _NO_RESIDUAL
+    named = [("x", x)] + ([("residual", residual)] if with_residual else []) + [("weight", weight)]
     for name, t in named:
         _check_tensor(name, t)
     for name, t in named[1:]:
@@ -231,7 +235,7 @@ def _check_inputs(x, weight, eps, residual=None) -> int:
     n = x.shape[-1]
     if n == 0:
         raise ValueError(f"x has an empty last dim (shape {tuple(x.shape)}): RMSNorm over 0 elements is undefined")
-    if residual is not None and residual.shape != x.shape:
+    if with_residual and residual.shape != x.shape:
         raise ValueError(f"residual has shape {tuple(residual.shape)} but x has shape {tuple(x.shape)}; "
                          "they must match")
     if tuple(weight.shape) != (n,):
