@@ -26,7 +26,7 @@ from tritoncheck import autotune_configs, backend, devices, refusals, registry
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import rule_name
 from tritoncheck.limits import OutsideLimits
-from tritoncheck.oracle import recording
+from tritoncheck.oracle import VACUOUS_EXAMPLES_MAX, recording
 from tritoncheck.poisoning import poisoned_allocations_for
 from tritoncheck.refusals import Refused
 from tritoncheck.registry import Check, Implementation, OpSpec
@@ -101,7 +101,9 @@ class Target:
         return None
 
     def run(self, case: Case) -> None:
-        sink = _collector.sink(self, case) if _collector is not None and self.check.name in RECORDED_CHECKS else None
+        # every check's comparisons with a reference count toward its vacuity verdict; the
+        # reference checks' are also the rows of the tolerance report
+        sink = _collector.sink(self, case, rows=self.check.name in RECORDED_CHECKS) if _collector is not None else None
         invalid, refused, start = False, False, time.perf_counter()
         try:
             with poisoned_allocations_for(self.impl.fn), autotune_configs.pinned_all(self.impl.fn, CONFIG.autotune_config), \
@@ -241,9 +243,15 @@ def below_min_counted(target: Target, exhausted: bool = False) -> str | None:
 
 
 def vacuity_failure(target: Target) -> str | None:
-    """:func:`vacuous_test` for a registry check, naming the op's rule for the compared outputs."""
-    rule = target.op.grad_tolerance if target.check.name == "gradients_match_reference" else target.op.tolerance
-    return vacuous_test(target.id, rule_name(rule))
+    """:func:`vacuous_test` for a registry check, naming the rule of the compared outputs:
+    the op's for the reference checks, the check's own for a property."""
+    if target.check.name == "gradients_match_reference":
+        rule = rule_name(target.op.grad_tolerance)
+    elif target.check.name == "matches_reference":
+        rule = rule_name(target.op.tolerance)
+    else:
+        rule = f"the rule that {rule_name(target.check.run)} compares with"
+    return vacuous_test(target.id, rule)
 
 
 def vacuous_test(test_id: str, rule: str) -> str | None:
@@ -251,19 +259,20 @@ def vacuous_test(test_id: str, rule: str) -> str | None:
 
     The policy: an example is vacuous for an output when more than half of that
     output's counted elements would have accepted 0 (``Comparison.mostly_vacuous``);
-    a test in which more than half of the examples that compared an output were
-    vacuous for it has not shown that the output is right, so it fails, naming the
-    output and the tolerance ``rule``. Fewer vacuous examples show in the report only
-    (``vacuous`` and ``vacuous_examples`` per output)."""
+    a test in which more than ``oracle.VACUOUS_EXAMPLES_MAX`` of the examples that
+    compared an output were vacuous for it has not shown that the output is right, so it
+    fails, naming the output and the tolerance ``rule``. Fewer vacuous examples show in
+    the report only (``vacuous`` and ``vacuous_examples`` per output)."""
     if _collector is None:
         return None
-    problems = [f"output {output!r}: {vacuous} of {examples} examples were vacuous (the allowance of {rule} "
-                "reached |expected| in most elements, so an output of 0 would have passed)"
+    problems = [f"output {output!r}: {vacuous} of {examples} examples were vacuous, more than "
+                f"{VACUOUS_EXAMPLES_MAX:.0%} (the allowance of {rule} reached |expected| in most elements, so an "
+                "output of 0 would have passed)"
                 for output, (examples, vacuous) in sorted(_collector.vacuity.get(test_id, {}).items())
-                if 2 * vacuous > examples]
+                if vacuous > VACUOUS_EXAMPLES_MAX * examples]
     if not problems:
         return None
-    return (f"{test_id}: every example passed, but the check could not have failed in most of them:\n  "
+    return (f"{test_id}: every example passed, but the check could not have failed in too many of them:\n  "
             + "\n  ".join(problems))
 
 

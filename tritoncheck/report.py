@@ -60,15 +60,20 @@ class Collector:
         precondition (assume) nor refused."""
         return self.examples[test_id] - self.invalid[test_id] - sum(self.refused.get(test_id, {}).values())
 
-    def sink(self, target, case):
+    def sink(self, target, case, rows: bool = True):
+        """What records ``target``'s comparisons on ``case`` (``tritoncheck.oracle.recording``):
+        each counts toward the test's vacuity verdict, and those that are report rows
+        (``row``, for a check whose ``rows`` the report tabulates) are added to the rows."""
         from tritoncheck import backend
 
-        def record(c, parity=None, passed=None):
+        def record(c, parity=None, passed=None, row=True):
             # parity: PyTorch's error on the same input (tritoncheck/parity.py); passed: the
             # verdict under the run's --tolerance mode, when it is not the comparison's own
             tally = self.vacuity[target.id][c.output]
             tally[0] += 1
             tally[1] += int(c.mostly_vacuous)
+            if not (rows and row):
+                return
             self.rows.append({
                 "op": target.op.name, "impl": target.impl.name, "dtype": str(target.dtype).replace("torch.", ""),
                 "backend": backend.current(), "check": target.check.name, "output": c.output,
@@ -79,6 +84,7 @@ class Collector:
                 "baseline_max_abs": parity.baseline_max_abs if parity is not None else None,
                 "parity_ratio": parity.ratio if parity is not None else None,
                 "counted": c.counted, "vacuous": c.vacuous, "mostly_vacuous": c.mostly_vacuous,
+                "uncheckable": c.uncheckable,
             })
         return record
 
