@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import reject
+from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import strategies as st
-from hypothesis.errors import UnsatisfiedAssumption
+from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 from hypothesis.vendor import pretty
 
-from tritoncheck import autotune_configs, backend, devices, refusals, registry
+from tritoncheck import autotune_configs, backend, devices, refusals, registry, strategies
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import rule_name
 from tritoncheck.limits import OutsideLimits
@@ -170,6 +170,54 @@ class Target:
                             f"{refusals.how_to_declare(self.impl.name)}\nthe first, with its traceback:\n"
                             f"{_collector.first_traceback.get(self.id, '')}", pytrace=False)
             pytest.skip(f"every example was refused ({n} drawn): {refusals.summarise(refused)}")
+
+
+# test id -> [(length class, row length, "ran" or why not)]: what run_length_classes did
+length_classes_run: dict[str, list[tuple[str, int, str]]] = {}
+
+
+def _first_draw(target: Target, body) -> None:
+    """``body(case)`` on the first case of ``target``'s strategy that it accepts (a case
+    that a precondition discards or the implementation refuses is replaced, as in the
+    test itself), derandomized: the same case in every run of every profile."""
+    @settings(max_examples=1, derandomize=True, database=None, deadline=None, print_blob=False,
+              phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def length_class_example(data):
+        body(target.draw(data))
+
+    length_class_example()
+
+
+def length_classes_of(target: Target) -> dict[str, int]:
+    """The length classes (``strategies.LENGTH_CLASSES``) that ``target``'s row lengths
+    reach, with their lengths (empty for a check whose cases have no row length drawn by
+    ``strategies.lengths``, or that the declared limits exclude: the test skips)."""
+    try:
+        return strategies.length_classes_reached(target.strategy())
+    except OutsideLimits:
+        return {}
+
+
+def run_length_classes(target: Target) -> list[tuple[str, int, str]]:
+    """Run ``target``'s check once at each length class its rows can reach, the rest of
+    each case drawn as ever (derandomized), before Hypothesis draws at random: coverage
+    by intent of the sizes kernels and cheats key on. A failure fails the test as any
+    example's does (the case in words and its replay). A class whose every draw was
+    discarded (the check's preconditions) or refused is recorded as such, not run."""
+    done = []
+    for name, n in length_classes_of(target).items():
+        try:
+            with strategies.pinned_length_class(name):
+                _first_draw(target, target.run)
+            done.append((name, n, "ran"))
+        except Unsatisfiable:
+            done.append((name, n, "every draw discarded or refused"))
+        except Exception as exc:
+            exc.add_note(f"(at the length class {name}, a row of {n}: tried on purpose before the random draws)")
+            raise
+    length_classes_run[target.id] = done
+    return done
 
 
 def account_refusals(target: Target, excinfo, report, item) -> None:
