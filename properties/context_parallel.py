@@ -154,12 +154,15 @@ def merged_allowance(q, k, v, o, lse, chunks, causal: bool, scale: float, p: Pre
       |o' - o| <= sum_j w'_j |o'_j| + |o| <= W max_j (|o_j| + a_o_j) + |o|.
     Where the blocks' lse tie at scores near the dtype's range (constant keys at 1e37:
     every lse_j is the same fp32 number, their ulp 1e30) the weights are lost and so is
-    o; the allowance says so (the cap), and the one-pass rule may still hold it.
+    o; the allowance says so (the cap), and the one-pass rule may still hold it. The third
+    array marks the elements of o where the cap is the allowance: not checkable by the
+    merge's decomposition (docs/vacuity.md), reported apart from the vacuous ones.
     """
     starts = _starts(chunks)
     world = len(chunks)
     a_o = np.zeros_like(o)
     a_lse = np.zeros_like(lse)
+    lost = np.zeros(o.shape, dtype=bool)
     for r, (qa, nq) in enumerate(zip(starts, chunks)):
         rows = slice(qa, qa + nq)
         blocks = []
@@ -192,10 +195,12 @@ def merged_allowance(q, k, v, o, lse, chunks, causal: bool, scale: float, p: Pre
                 abs_sum = abs_sum + w_up * np.abs(o_j)
                 reach = np.maximum(reach, np.abs(o_j) + a_o_j)
             rounding = SAFETY * 3 * world * U32 * abs_sum + p.store * np.abs(o_r) + p.floor
-            o_err = np.minimum(o_err, world * reach + np.abs(o_r)) + rounding
+            cap = world * reach + np.abs(o_r)
+            lost[..., rows, :] = ~(o_err < cap)
+            o_err = np.minimum(o_err, cap) + rounding
         a_o[..., rows, :] = o_err
         a_lse[..., rows] = big_l + big_m
-    return a_o, a_lse
+    return a_o, a_lse, lost
 
 
 def _block_log_weights(q_rows, k, q_start: int, chunks, rank: int, causal: bool, scale: float) -> list:
@@ -261,9 +266,12 @@ def matches_reference(case: Case, target: str, world: int) -> None:
     o_ref, lse_ref = ref.attention(q, k, v, causal, case.params["sm_scale"])
     p = precision_of(registry.resolve(target), getattr(torch, case.dtype))
     a_o, a_lse = rules.attention(q, k, v, o_ref, lse_ref, causal, scale, p)
-    m_o, m_lse = merged_allowance(q, k, v, o_ref, lse_ref, case.params["chunks"], causal, scale, p)
+    m_o, m_lse, lost = merged_allowance(q, k, v, o_ref, lse_ref, case.params["chunks"], causal, scale, p)
     what = f"does not match the fp64 reference (sequence split {list(case.params['chunks'])} over {world} ranks)"
-    assert_close("o", o, o_ref, np.maximum(a_o, m_o), dtype=getattr(torch, case.dtype), what=what)
+    # where the merge's weights are lost and the one-pass rule does not hold o either, no
+    # rule pins o down: not checkable (reported), not vacuous
+    assert_close("o", o, o_ref, np.maximum(a_o, m_o), dtype=getattr(torch, case.dtype), what=what,
+                 unconstrained=lost & (m_o >= a_o))
     assert_close("lse", lse, lse_ref, np.maximum(a_lse, m_lse), dtype=torch.float32, what=what)
 
 

@@ -74,6 +74,14 @@ def test_the_allowance_does_not_decide_what_is_counted():
     assert not allowance_mostly_vacuous(e, np.array([1e30, 1e30, 1e-9]), torch.bfloat16, noise=np.array([1.0, 1.0, 0.0]))
 
 
+def test_elements_a_rule_declares_unconstrained_are_reported_not_judged():
+    # the context-parallel merge where the blocks' weights are lost: its cap reaches |o|
+    e = np.array([1.0, 2.0, 3.0])
+    c = compare("o", torch.zeros(3), e, np.array([1.0, 2.0, 1e-6]), dtype=torch.float32,
+                unconstrained=np.array([True, True, False]))
+    assert (c.counted, c.vacuous, c.uncheckable) == (1, 0, 2) and not c.mostly_vacuous
+
+
 def test_the_reference_noise_is_the_rule_at_fp64():
     # softmax's gradient with a constant upstream gradient is 0 exactly; the fp64
     # reference leaves noise the rule at u(fp64) bounds, while the bfloat16 allowance is

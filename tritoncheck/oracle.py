@@ -24,7 +24,8 @@ Two guards keep a comparison from passing without checking:
   such as the 1 a row sum should reach). The allowance never decides what is counted:
   a looser rule cannot hide its own vacuity. Of the vacuous elements, those that no
   rule could pin down are *not checkable* and reported apart (``uncheckable``), not
-  judged: values within the rules' absolute underflow floors (:data:`FLOOR_MULTIPLE`:
+  judged: elements the rule declares unconstrained (``unconstrained``), values within
+  the rules' absolute underflow floors (:data:`FLOOR_MULTIPLE`:
   a correct implementation may flush them to 0 or round them in the subnormals), and
   values below the rounding error of the output's largest element (outputs whose
   errors are absolute at their scale, sums and gradients with cancellation, may err
@@ -113,12 +114,15 @@ def _check_allowance(output: str, e: torch.Tensor, allowed: torch.Tensor, fin: t
 
 
 def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.ndarray | float,
-            dtype: torch.dtype | None = None, rule: str | None = None, noise: np.ndarray | float = 0.0) -> Comparison:
+            dtype: torch.dtype | None = None, rule: str | None = None, noise: np.ndarray | float = 0.0,
+            unconstrained: np.ndarray | None = None) -> Comparison:
     """Measure ``got`` against ``expected`` (fp64) with per-element ``allowed`` error.
 
     ``noise``: the fp64 reference's own error bound per element (the rule at
     :func:`~tritoncheck.tolerance.reference_precision`); 0 where ``expected`` is exact.
-    Only elements above it count for vacuity (module docstring).
+    Only elements above it count for vacuity (module docstring). ``unconstrained``: a mask
+    of the elements the rule itself declares no correct result pins down (it says why
+    beside it): not checkable, reported apart like the floors.
 
     NaN must match NaN and an infinity the same infinity exactly; finite expected
     values must be met by finite results within ``allowed``, which must be finite
@@ -156,7 +160,8 @@ def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.nd
     scale = torch.where(fin, e.abs(), 0.0).amax()
     worst_flat = torch.where(mismatches, math.inf, ratio).flatten().argmax()
     ulps = err / tolerance.ulp(e, dtype) if dtype.is_floating_point else torch.zeros_like(err)
-    counted, vacuous, uncheckable = _vacuity(e, allowed, fin, dtype, scale, _noise(output, noise, e))
+    counted, vacuous, uncheckable = _vacuity(e, allowed, fin, dtype, scale, _noise(output, noise, e),
+                                             None if unconstrained is None else float64_on(unconstrained, device) != 0)
     # ~(ratio <= 1): a NaN ratio is a violation, never a pass
     figures = torch.stack([err.amax(), torch.where(fin, ulps, 0.0).amax(), ratio.amax(), scale,
                            worst_flat.double(), e.flatten()[worst_flat], g.flatten()[worst_flat],
@@ -204,7 +209,8 @@ def _noise(output: str, noise, e: torch.Tensor) -> torch.Tensor:
 
 
 def _vacuity(e: torch.Tensor, allowed: torch.Tensor, fin: torch.Tensor, dtype: torch.dtype,
-             scale: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             scale: torch.Tensor, noise: torch.Tensor,
+             unconstrained: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(counted, vacuous, uncheckable) elements, as the module docstring defines them (0-d tensors)."""
     if not dtype.is_floating_point:
         zero = torch.zeros((), dtype=torch.int64, device=e.device)
@@ -213,6 +219,8 @@ def _vacuity(e: torch.Tensor, allowed: torch.Tensor, fin: torch.Tensor, dtype: t
     above_noise = fin & (mag > torch.nan_to_num(noise, nan=0.0))  # a NaN bound hides nothing
     pinnable = mag > torch.clamp(tolerance.unit_roundoff(dtype) * scale,
                                  min=FLOOR_MULTIPLE * tolerance.underflow_floor(dtype))
+    if unconstrained is not None:
+        pinnable = pinnable & ~unconstrained.broadcast_to(e.shape)
     accepts_zero = allowed >= mag
     counted = above_noise & pinnable
     return counted.sum(), (counted & accepts_zero).sum(), (above_noise & ~pinnable & accepts_zero).sum()
@@ -264,7 +272,7 @@ def recording(sink: Callable[..., None]) -> Iterator[None]:
 def assert_close(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.ndarray | float,
                  what: str = "does not match the fp64 reference", dtype: torch.dtype | None = None,
                  record: bool = True, rule: str | None = None, noise: np.ndarray | float = 0.0,
-                 vacuity: bool | None = None) -> Comparison:
+                 vacuity: bool | None = None, unconstrained: np.ndarray | None = None) -> Comparison:
     """Compare, record the figures, and raise if any element is off.
 
     ``record``: a row of the tolerance report (the reference checks' outputs).
@@ -273,7 +281,7 @@ def assert_close(output: str, got: torch.Tensor, expected: np.ndarray, allowed: 
     passes True; the comparisons of an implementation with itself (two calls that must
     agree) leave it off: there an output of 0 in both calls passes whatever the
     allowance, so vacuity is not what they measure."""
-    c = compare(output, got, expected, allowed, dtype, rule, noise)
+    c = compare(output, got, expected, allowed, dtype, rule, noise, unconstrained)
     sink = _recorder.get()
     if sink is not None and (record or vacuity):
         sink(c, row=record)

@@ -122,6 +122,7 @@ def summarise(rows: list[dict]) -> list[dict]:
             "max_rel": max(r["max_rel"] for r in rs), "p99_rel": _pct([r["max_rel"] for r in rs], 99),
             "max_ulp": max(r["max_ulp"] for r in rs), "p99_ulp": _pct([r["max_ulp"] for r in rs], 99),
             "vacuous": sum(r["vacuous"] for r in rs), "counted": sum(r["counted"] for r in rs),
+            "uncheckable": sum(r.get("uncheckable", 0) for r in rs),
             "vacuous_examples": sum(r["mostly_vacuous"] for r in rs),
             "vacuous_where": vacuous_where(rs),
             "max_headroom": worst["headroom"], "allowed_at_worst": worst["allowed_at_worst"],
