@@ -67,7 +67,6 @@ skipped with the reason, ``dropout_zero_is_plain`` still runs).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 
 import numpy as np
@@ -135,20 +134,16 @@ def _cases(upstream: bool = False, dropouts: tuple = DROPPED, small_n: int = SMA
 
 
 def _takes(last: str):
-    """A ``Check.requires``: the implementation's signature must take the contract's
-    arguments up to ``last`` positionally."""
+    """A ``Check.requires``: the implementation must take the dropout arguments through
+    ``last`` (``seed`` or ``return_keep``: its signature, as tritoncheck/calling.py reads
+    it) and return lse (the dropout checks compare it too)."""
     def requires(impl: Implementation) -> str | None:
-        args = _through(last)
-        try:
-            sig = inspect.signature(impl.fn)
-        except (TypeError, ValueError):  # no signature to read: it is called, and the call decides
+        needed = _through(last)[_through(last).index("dropout_p"):]
+        if impl.calling is None:
             return None
-        try:
-            sig.bind(*args)
-        except TypeError:
-            return (f"not applicable: {impl.name}{sig} takes no {', '.join(a for a in args if a not in sig.parameters)} "
-                    "(the dropout checks need attention(..., dropout_p, seed, return_keep))")
-        return None
+        reason = impl.calling.lacks(needed) or impl.calling.missing_outputs(("lse",))
+        return f"{reason} (the dropout checks need attention(..., dropout_p, seed, return_keep) -> (o, lse))" \
+            if reason else None
     return requires
 
 
@@ -168,7 +163,7 @@ def _returns_keep(impl: Implementation) -> bool:
     """Whether ``impl`` takes ``return_keep`` (its signature binds the contract's arguments
     through it, or cannot be read): the keep mask then comes from that call; else it is
     recovered from the training call (:func:`_recovered_keep`)."""
-    return _takes("return_keep")(impl) is None
+    return impl.calling is None or impl.calling.takes("return_keep")
 
 
 def _training(case: Case) -> Case:
@@ -218,7 +213,7 @@ def _run_keep(case: Case, impl: Implementation, values: dict | None = None):
         _, outs = run(train, impl, _values_for(train, values))
         return values, {**outs, "keep": _recovered_keep(case, impl, values)}
     with timed("kernel"):
-        result = case.call(impl.fn, values)
+        result = impl.call(values, case.args, case.kwargs)
     items = result if isinstance(result, (tuple, list)) else (result,)
     if len(items) != 3:
         raise AssertionError(f"attention with return_keep=True must return 3 tensors (o, lse, keep), got {len(items)}")
@@ -226,6 +221,7 @@ def _run_keep(case: Case, impl: Implementation, values: dict | None = None):
         if not isinstance(item, torch.Tensor):
             raise AssertionError(f"attention output {name!r} is a {type(item).__name__}, not a tensor")
     o, lse, keep = items
+    o = o if impl.calling is None else impl.calling.restored("o", o)  # in the contract's layout
     b, h, n_q, _ = values["q"].shape
     want = (b, h, n_q, values["k"].shape[-2])
     if keep.dtype != torch.bool or tuple(keep.shape) != want:

@@ -30,22 +30,22 @@ is the larger of the two, element by element.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import time
-import zlib
 
 import numpy as np
 import torch
-from hypothesis import HealthCheck, Phase, assume, given, seed, settings
 from hypothesis import strategies as st
 
-from tritoncheck import backend, rank_pool, registry, tolerance
-from tritoncheck.oracle import assert_close, assert_identical, recording
+from tritoncheck import backend, generic, parity, rank_pool
+from tritoncheck.config import CONFIG
+from tritoncheck.generic import rule_name
+from tritoncheck.oracle import assert_identical
+from tritoncheck.phases import timed
 from tritoncheck.properties import attention_tolerance as rules
 from tritoncheck.properties.attention import NO_WINDOW, attention_cases
 from tritoncheck.references import attention as ref
+from tritoncheck.registry import OPS, Check, Implementation, NotApplicable, OpSpec, register
 from tritoncheck.strategies import FLOAT_DTYPES, Case
 from tritoncheck.tolerance import EXP_ULPS, SAFETY, U32, Precision
 
@@ -53,34 +53,6 @@ OP = "cp_attention"
 KERNEL = "tritoncheck.kernels.context_parallel:cp_attention"
 DTYPES = FLOAT_DTYPES  # attention's
 CONTROLS = ("tritoncheck.controls.context_parallel:all_gather_torch",)
-DEFAULT_WORLD_SIZE = 2  # what CPU CI runs (two gloo processes); --cp-world-size to change
-HUNT_EXAMPLES = 100  # a mutant must die within this many examples per dtype
-HUNT_SEED = 20261124
-CONTROL_EXAMPLES = 20  # plain PyTorch on 2 ranks: about 1 s per dtype
-
-
-@dataclasses.dataclass
-class Settings:
-    world_size: int = DEFAULT_WORLD_SIZE
-    user_targets: tuple[str, ...] = ()  # --impl cp_attention=module:function
-
-
-SETTINGS = Settings()
-
-
-def register_implementation(target: str) -> None:
-    """Check ``module:function`` (``--impl cp_attention=...``) instead of the project's ring
-    attention; it must import here (each rank imports it again by the same name)."""
-    registry.resolve(target)  # a usage error now, not W tracebacks later
-    SETTINGS.user_targets += (target,)
-
-
-def implementations() -> list[tuple[str, str]]:
-    """(name, target) of each implementation under test: the user's, else the project's."""
-    targets = SETTINGS.user_targets or (KERNEL,)
-    return [(t.rpartition(":")[2], t) for t in targets]
-
-
 # ------------------------------------------------------------------------------- cases
 
 def even_chunks(n: int, world: int) -> tuple[int, ...]:
@@ -88,13 +60,17 @@ def even_chunks(n: int, world: int) -> tuple[int, ...]:
     return tuple(n // world + (r < n % world) for r in range(world))
 
 
+# The contract's arguments, less group (left at its default: the rank pool's group). A
+# case's q_local, k_local, v_local are the whole sequence, each rank's chunk cut from it.
+ARGS = ("q_local", "k_local", "v_local", "causal", "sm_scale")
+
+
 @st.composite
-def cp_cases(draw, dtype: torch.dtype, world: int, equal_only: bool = False, causal: bool | None = None,
-             min_n: int = 1) -> Case:
+def cp_cases(draw, dtype: torch.dtype, world: int, causal: bool | None = None, min_n: int = 1) -> Case:
     """An attention case with Nq == Nk >= max(world, min_n) (one sequence, q, k and v split
-    alike), causal or not (None: drawn), and the rows per rank: the even split (first, so
-    failures shrink to it) or cut at drawn points (each rank at least one row);
-    ``equal_only``: chunks of equal length (N a multiple of W; other draws are discarded)."""
+    alike), causal or not (None: drawn), and the rows per rank (``params["chunks"]``): the
+    even split (first, so failures shrink to it) or cut at drawn points (each rank at least
+    one row)."""
     # the contract's plain attention (one sequence, H = Hkv, no window, ALiBi or softcap):
     # cp_attention takes none of attention's variants
     case = draw(attention_cases(dtype, causal=True, min_n=max(world, min_n), gqa=False, shape="square",
@@ -102,18 +78,17 @@ def cp_cases(draw, dtype: torch.dtype, world: int, equal_only: bool = False, cau
     causal = draw(st.booleans()) if causal is None else causal
     n = case.tensors["q"].shape[2]
     chunks = even_chunks(n, world)
-    assume(not equal_only or n % world == 0)
-    if world > 1 and not equal_only:
+    if world > 1:
         cuts = st.lists(st.integers(1, n - 1), min_size=world - 1, max_size=world - 1, unique=True).map(sorted)
         chunks = draw(st.one_of(st.just(chunks), cuts.map(lambda c: tuple(b - a for a, b in zip([0] + c, c + [n])))))
-    return Case(OP, case.dtype, case.args, case.tensors,
-                {**case.params, "causal": causal, "chunks": chunks})
+    return Case(OP, case.dtype, ARGS, {f"{name}_local": case.tensors[name] for name in ("q", "k", "v")},
+                {"causal": causal, "sm_scale": case.params["sm_scale"], "chunks": chunks})
 
 
 # --------------------------------------------------------------------------- tolerance
 
 def _scale(case: Case) -> float:
-    d = case.tensors["q"].shape[-1]
+    d = case.tensors["q_local"].shape[-1]
     return 1.0 / math.sqrt(d) if case.params["sm_scale"] is None else float(case.params["sm_scale"])
 
 
@@ -227,25 +202,53 @@ def _block_log_weights(q_rows, k, q_start: int, chunks, rank: int, causal: bool,
     return out
 
 
-def precision_of(fn, dtype: torch.dtype) -> Precision:
-    declared = getattr(fn, "fp32_dot_precision", None)
-    return tolerance.declared_dot(Precision.of(dtype, backend.current(), declared), declared)
+def _precision(impl: Implementation, case: Case) -> Precision:
+    return generic.precision(impl, case)
+
+
+def _tolerance(case: Case, inputs64, expected, p: Precision) -> dict[str, np.ndarray]:
+    """The larger of the one-pass rule (``rules.attention`` of the whole problem) and the
+    merged-blocks rule (:func:`merged_allowance`), element by element: either way of
+    computing a rank's rows is correct (module docstring)."""
+    q, k, v = (inputs64[n] for n in ("q_local", "k_local", "v_local"))
+    o, lse = expected["o_local"], expected["lse_local"]
+    causal, scale = case.params["causal"], _scale(case)
+    a_o, a_lse = rules.attention(q, k, v, o, lse, causal, scale, p)
+    m_o, m_lse, _ = merged_allowance(q, k, v, o, lse, case.params["chunks"], causal, scale, p)
+    return {"o_local": np.maximum(a_o, m_o), "lse_local": np.maximum(a_lse, m_lse)}
+
+
+def _merge_lost(case: Case, inputs64, expected, p: Precision) -> dict[str, np.ndarray]:
+    """The elements of o that no rule pins down: the merged-blocks rule's cap is its
+    allowance (the blocks' weights are lost, docs/vacuity.md) and the one-pass rule does
+    not hold o there either. Not checkable: reported apart, not judged vacuous. (The
+    rules run a second time: :func:`_tolerance` returns allowances only.)"""
+    q, k, v = (inputs64[n] for n in ("q_local", "k_local", "v_local"))
+    o, lse = expected["o_local"], expected["lse_local"]
+    causal, scale = case.params["causal"], _scale(case)
+    a_o, _ = rules.attention(q, k, v, o, lse, causal, scale, p)
+    m_o, _, lost = merged_allowance(q, k, v, o, lse, case.params["chunks"], causal, scale, p)
+    return {"o_local": lost & (m_o >= a_o)}
 
 
 # ------------------------------------------------------------------------------- check
 
-def run_ranks(case: Case, target: str, world: int, values=None) -> tuple[dict, torch.Tensor, torch.Tensor]:
-    """Run ``target`` on ``world`` ranks, rank r on its chunk of q, k, v; gather o and lse
-    (CPU tensors over the whole sequence), checking each rank's shapes and dtypes."""
+def run_ranks(case: Case, impl: Implementation, values=None) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Run ``impl`` on ``CONFIG.world_size`` ranks, rank r on its chunk of q, k, v; gather o
+    and lse (CPU tensors over the whole sequence), checking each rank's shapes and dtypes."""
+    world = CONFIG.world_size
     values = values if values is not None else case.materialise("cpu")
     chunks = case.params["chunks"]
+    if len(chunks) != world:
+        raise ValueError(f"the case splits the sequence over {len(chunks)} ranks, the run has {world}")
     starts = _starts(chunks)
     kwargs = {"causal": case.params["causal"], "sm_scale": case.params["sm_scale"]}
-    per_rank = [(tuple(values[n][..., a:a + c, :].contiguous() for n in ("q", "k", "v")), kwargs)
-                for a, c in zip(starts, chunks)]
-    outs = rank_pool.pool(world, backend.current()).call(target, per_rank)
+    per_rank = [(tuple(values[n][..., a:a + c, :].contiguous() for n in ("q_local", "k_local", "v_local")),
+                 kwargs) for a, c in zip(starts, chunks)]
+    with timed("kernel"):
+        outs = rank_pool.pool(world, backend.current()).call(impl.target, per_rank)
     dtype = getattr(torch, case.dtype)
-    b, h, _, d = case.tensors["q"].shape
+    b, h, _, d = case.tensors["q_local"].shape
     for r, (out, c) in enumerate(zip(outs, chunks)):
         if len(out) != 2:
             raise AssertionError(f"rank {r} returned {len(out)} tensors, the contract says 2 (o_local, lse_local)")
@@ -254,140 +257,111 @@ def run_ranks(case: Case, target: str, world: int, values=None) -> tuple[dict, t
             if tuple(t.shape) != shape or t.dtype != want:
                 raise AssertionError(f"rank {r}: {name} is {list(t.shape)} {t.dtype}, the contract says "
                                      f"{list(shape)} {want}")
-    return values, torch.cat([o for o, _ in outs], dim=2), torch.cat([lse for _, lse in outs], dim=2)
+    return values, {"o_local": torch.cat([o for o, _ in outs], dim=2),
+                    "lse_local": torch.cat([lse for _, lse in outs], dim=2)}
 
 
-def matches_reference(case: Case, target: str, world: int) -> None:
+def _split(case: Case) -> str:
+    return f"sequence split {list(case.params['chunks'])} over {len(case.params['chunks'])} ranks"
+
+
+def matches_reference(case: Case, impl: Implementation) -> None:
     """The gathered o and lse match the fp64 reference on the whole sequence, within the
     larger of the one-pass rule and the merged-blocks rule (module docstring)."""
-    values, o, lse = run_ranks(case, target, world)
-    q, k, v = (values[n].to(torch.float64).numpy() for n in ("q", "k", "v"))
-    causal, scale = case.params["causal"], _scale(case)
-    o_ref, lse_ref = ref.attention(q, k, v, causal, case.params["sm_scale"])
-    p = precision_of(registry.resolve(target), getattr(torch, case.dtype))
-    a_o, a_lse = rules.attention(q, k, v, o_ref, lse_ref, causal, scale, p)
-    m_o, m_lse, lost = merged_allowance(q, k, v, o_ref, lse_ref, case.params["chunks"], causal, scale, p)
-    what = f"does not match the fp64 reference (sequence split {list(case.params['chunks'])} over {world} ranks)"
-    # where the merge's weights are lost and the one-pass rule does not hold o either, no
-    # rule pins o down: not checkable (reported), not vacuous
-    assert_close("o", o, o_ref, np.maximum(a_o, m_o), dtype=getattr(torch, case.dtype), what=what,
-                 unconstrained=lost & (m_o >= a_o))
-    assert_close("lse", lse, lse_ref, np.maximum(a_lse, m_lse), dtype=torch.float32, what=what)
+    op = OPS[OP]
+    values, outs = run_ranks(case, impl)
+    with timed("reference"):
+        expected, inputs64 = op.expected(case, values)
+    with timed("allowance"):
+        p = _precision(impl, case)
+        allowed = op.tolerance(case, inputs64, expected, p)
+        unconstrained = _merge_lost(case, inputs64, expected, p)
+    with timed("torch baseline"):
+        baseline = parity.baseline_errors(OP, getattr(torch, case.dtype), case, values, outs, expected)
+    with timed("compare"):
+        for name in op.outputs:
+            parity.assert_close(name, outs[name], expected[name], allowed[name], baseline[name],
+                                dtype=op.output_dtypes.get(name, getattr(torch, case.dtype)),
+                                what=f"does not match the fp64 reference ({_split(case)})",
+                                computed_in=getattr(torch, case.dtype), rule=rule_name(op.tolerance),
+                                unconstrained=unconstrained.get(name))
 
 
-def causal_rows_unchanged(case: Case, target: str, world: int) -> None:
+def causal_rows_unchanged(case: Case, impl: Implementation) -> None:
     """Causal: giving the keys and values at positions j > i fresh values leaves rows 0..i of
     o and lse bitwise unchanged, whichever ranks hold them (a query sees no future key, on
     its own rank or a later one). Exact: a correct implementation never reads them, and
     no allowance can be vacuous here."""
-    values, o, lse = run_ranks(case, target, world)
-    n = values["q"].shape[2]
-    i = case.tensors["k"].seed % (n - 1)
+    values, outs = run_ranks(case, impl)
+    n = values["q_local"].shape[2]
+    i = case.tensors["k_local"].seed % (n - 1)
     changed = dict(values)
-    for name in ("k", "v"):
+    for name in ("k_local", "v_local"):
         spec = case.tensors[name]
         fresh = dataclasses.replace(spec, seed=(spec.seed + 1) % 2**32, injections=()).materialise("cpu")
         new = values[name].clone()
         new[..., i + 1:, :] = fresh[..., i + 1:, :]
         changed[name] = new
-    _, o2, lse2 = run_ranks(case, target, world, changed)
-    what = (f"changing keys/values j > {i} changed causal output rows <= {i} (sequence split "
-            f"{list(case.params['chunks'])} over {world} ranks)")
-    assert_identical("o", o[..., :i + 1, :], o2[..., :i + 1, :], what)
-    assert_identical("lse", lse[..., :i + 1], lse2[..., :i + 1], what)
+    _, outs2 = run_ranks(case, impl, changed)
+    what = f"changing keys/values j > {i} changed causal output rows <= {i} ({_split(case)})"
+    assert_identical("o_local", outs["o_local"][..., :i + 1, :], outs2["o_local"][..., :i + 1, :], what)
+    assert_identical("lse_local", outs["lse_local"][..., :i + 1], outs2["lse_local"][..., :i + 1], what)
 
 
-# name -> (check, the cases it needs: cp_cases' keyword arguments)
-CHECKS = {"matches_reference": (matches_reference, {}),
-          "causal_rows_unchanged": (causal_rows_unchanged, {"causal": True, "min_n": 2})}
-
-
-# ------------------------------------------------------------------------------ report
-
-@dataclasses.dataclass(frozen=True)
-class _Named:
-    name: str
-    target: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class ReportTarget:
-    """What the tolerance report's collector (tritoncheck/report.py) reads of a
-    ``harness.Target``, for a context-parallel check: its rows, example counts and
-    timings go into the same report.json, under op ``cp_attention``."""
-
-    impl: _Named
-    dtype: torch.dtype
-    check: _Named
-    op: _Named = _Named(OP)
-
-    @property
-    def id(self) -> str:
-        return f"{OP}-{self.impl.name}-{str(self.dtype).replace('torch.', '')}-{self.check.name}"
-
-
-def report_target(target: str, dtype: torch.dtype, check: str) -> ReportTarget:
-    return ReportTarget(_Named(target.rpartition(":")[2], target), dtype, _Named(check))
-
-
-@contextlib.contextmanager
-def reported(report_target_: ReportTarget, case: Case):
-    """Record the comparisons made inside (and the example's time) for the tolerance report,
-    when the run collects one (the plugin sets the collector)."""
-    from tritoncheck import harness
-    collector = harness.collector()
-    sink = collector.sink(report_target_, case) if collector is not None else None
-    start = time.perf_counter()
-    try:
-        with recording(sink) if sink is not None else contextlib.nullcontext():
-            yield
-    finally:
-        if collector is not None:
-            collector.count(report_target_, seconds=time.perf_counter() - start)
-
-
-def vacuity_failure(report_target_: ReportTarget) -> str | None:
-    """The suite's vacuity policy (``harness.vacuous_test``) for a context-parallel test."""
-    from tritoncheck import harness
-    return harness.vacuous_test(report_target_.id, "tritoncheck.properties.context_parallel.matches_reference")
-
-
-def skip_reason(target: str, dtype: torch.dtype) -> str | None:
-    """Why ``target`` cannot be checked in ``dtype`` on this backend (None: it can)."""
-    world = SETTINGS.world_size
+def _runnable_on_ranks(impl: Implementation) -> str | None:
+    """Why ``impl`` cannot run on this run's ranks here, or None."""
+    world = CONFIG.world_size
     if backend.current() == "cuda" and torch.cuda.device_count() < world:
         # NCCL refuses two ranks on one GPU
         return f"cuda: {world} NCCL ranks need {world} GPUs, this machine has {torch.cuda.device_count()}"
-    fn = registry.resolve(target)
-    limit = backend.limit_for("attention", dtype, fn)
-    if limit is not None:
-        return f"{backend.current()}: {limit.reason}"
-    declared = getattr(fn, "dtypes", None)
-    if declared is not None and dtype not in declared:
-        return f"{target} declares dtypes {[str(d).replace('torch.', '') for d in declared]}"
+    if impl.target is None:
+        return (f"{impl.name} has no importable module:function name: each rank imports the implementation "
+                "by name (give it as --impl cp_attention=module:function)")
     return None
 
 
-def hunt(target: str, check: str, dtype: torch.dtype, examples: int, world: int,
-         base_seed: int = HUNT_SEED, equal_only: bool = False) -> str | None:
-    """Run ``check`` on ``target`` for up to ``examples`` cases (no shrinking: a verdict, not a
-    minimal case); the first failure (``ExceptionType: text``), or None when every example
-    passed: ``RankFailure`` when a rank raised, died or hung, ``AssertionError`` when the
-    gathered outputs were wrong."""
-    run, fixed = CHECKS[check]
+def _cases(dtype: torch.dtype, limits=None, **fixed) -> st.SearchStrategy[Case]:
+    if limits:
+        raise ValueError("cp_attention takes no declared limits: its implementations run on ranks, beyond limits' "
+                         "reach (declare dtypes instead)")
+    return cp_cases(dtype, CONFIG.world_size, **fixed)
 
-    @seed(zlib.crc32(f"{base_seed}:{target}:{check}:{dtype}:{world}:{equal_only}".encode()))
-    @settings(max_examples=examples, derandomize=False, database=None, deadline=None, print_blob=False,
-              phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
-    @given(case=cp_cases(dtype, world, equal_only, **fixed))
-    def search(case):
-        try:
-            run(case, target, world)
-        except AssertionError as exc:
-            raise type(exc)(f"{exc}\non:\n{case.describe()}") from None
 
-    try:
-        search()
-    except AssertionError as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None
+def _baseline(case: Case, values, outs):
+    """Plain attention in the input dtype over the whole sequence (attention's baseline)."""
+    return OPS["attention"].baseline(case, {n: values[f"{n}_local"] for n in ("q", "k", "v")}, outs)
+
+
+def _check(name: str, run, **fixed) -> Check:
+    return Check(name, run, cases=(lambda op, dtype: _cases(dtype, **fixed)) if fixed else None,
+                 requires=_runnable_on_ranks)
+
+
+register(OpSpec(
+    name=OP,
+    signature="cp_attention(q_local, k_local, v_local, causal=False, sm_scale=None) -> (o_local, lse_local)",
+    arguments=ARGS,
+    outputs=("o_local", "lse_local"),
+    kernel=KERNEL,
+    reference=ref.attention,
+    torch_reference=ref.attention_torch,
+    cases=_cases,
+    tolerance=_tolerance,
+    checks=(_check("matches_reference", matches_reference),
+            _check("causal_rows_unchanged", causal_rows_unchanged, causal=True, min_n=2)),
+    dtypes=DTYPES,
+    output_dtypes={"lse_local": torch.float32},
+    meaning="attention over a sequence split across the W ranks of a process group in rank order: rank r "
+            "holds rows [start_r, start_r + n_r) of q, k, v ([B, H, n_r, D], n_r >= 1, chunks may differ) and "
+            "returns its rows of attention(q, k, v, causal, sm_scale) over the whole sequence; causal by "
+            "global position. A keyword group=None (the default process group) follows, left at its default",
+    scalars=("causal", "sm_scale"),
+    controls=CONTROLS,
+    baseline=_baseline,
+    large_problem=NotApplicable("past 2**31 elements each rank holds a chunk of its own: the large-index "
+                                "problem is attention's (its kernel computes every block here)"),
+    bad_input=NotApplicable("a valid call needs a process group, which the in-process bad-input test has not; "
+                            "the wrapper checks its arguments before any collective "
+                            "(tests/test_context_parallel.py::test_bad_input_names_the_argument)"),
+    distributed=True,
+))

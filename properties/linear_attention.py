@@ -236,7 +236,7 @@ def linear_attention_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS)
     h = draw(limits.specialised("linear_attention", "H", 1, max(1, min(CONFIG.pick(2, 8), budget // b)),
                                 span=(1, CONFIG.pick(2, 8))))
     causal = draw(limits.choice("causal", (False, True)))
-    eps = draw(st.sampled_from(EPSILONS))
+    eps = draw(limits.choice("eps", EPSILONS))
     shared = draw(st.one_of(st.just(HEADS_SWAPPED), st.none()))  # one layout for q, k, v, or each its own
     specs = {}
     for name, last, fams, scales in (("q", d, FEATURE_FAMILIES, FEATURE_SCALES),
@@ -372,6 +372,8 @@ register(OpSpec(
     choices={"causal": (False, True)},
     arguments=("q", "k", "v", "causal", "eps"),
     outputs=("o",),
+    # fla and most chunked kernels take [B, T, H, D]: fn.layout = "bnhd" passes and returns that
+    layouts={"bhnd": {}, "bnhd": {"q": (0, 2, 1, 3), "k": (0, 2, 1, 3), "v": (0, 2, 1, 3), "o": (0, 2, 1, 3)}},
     kernel="tritoncheck.kernels.linear_attention:linear_attention",
     controls=("tritoncheck.controls.linear_attention:torch_linear_attention",),
     baseline=control_baseline("tritoncheck.controls.linear_attention:torch_linear_attention"),
@@ -396,6 +398,7 @@ register(OpSpec(
         Check("deterministic", la_deterministic),
         Check("chunk_size_invariant", chunk_size_invariant, requires=_chunk_sizes),
         Check("causal_mask_respected", causal_mask_respected),
-        Check("last_causal_equals_bidirectional", last_causal_equals_bidirectional, requires=_needs_both_masks),
+        Check("last_causal_equals_bidirectional", last_causal_equals_bidirectional, requires=_needs_both_masks,
+              needs_arguments=("causal",)),
     ),
 ))

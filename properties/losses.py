@@ -52,7 +52,7 @@ def cross_entropy_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) ->
     # logsumexp underflows or overflows, so it gets twice the weight of the others.
     logits = draw(tensors((m, v), dtype, families=FAMILIES + ("offset",), max_magnitude=cap,
                           specials=special_values(dtype, allow_neg_inf=True, max_magnitude=cap)))
-    ignore_index = draw(st.sampled_from(IGNORE_INDICES))
+    ignore_index = draw(limits.choice("ignore_index", IGNORE_INDICES))
     ignored = draw(st.lists(st.integers(0, m - 1), max_size=2))
     # Targets are int64 in [0, V) ("indices" draws integers below scale). Contiguous: a
     # strided int layout cannot be built (Layout.apply fills the gaps with NaN).

@@ -99,7 +99,7 @@ def layer_norm_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Ca
     x = draw(tensors(shape, dtype, families=X_FAMILIES, max_magnitude=cap,
                      specials=special_values(dtype, max_magnitude=cap)))
     weight, bias = _affine(draw, n, dtype)
-    eps = draw(st.sampled_from(EPSILONS))
+    eps = draw(limits.choice("eps", EPSILONS))
     return Case("layer_norm", str(dtype).replace("torch.", ""), ("x", "weight", "bias", "eps"),
                 {"x": x, "weight": weight, "bias": bias}, {"eps": eps})
 
@@ -117,7 +117,7 @@ def dropout_residual_layer_norm_cases(draw, dtype: torch.dtype, limits: Limits =
                             specials=special_values(dtype, max_magnitude=cap / 2)))
     weight, bias = _affine(draw, n, dtype)
     seed = draw(st.one_of(st.integers(0, 2**16), st.integers(0, 2**63 - 1)))
-    eps = draw(st.sampled_from(EPSILONS))
+    eps = draw(limits.choice("eps", EPSILONS))
     return Case("dropout_residual_layer_norm", str(dtype).replace("torch.", ""),
                 ("x", "residual", "weight", "bias", "p", "seed", "eps"),
                 {"x": x, "residual": residual, "weight": weight, "bias": bias},
@@ -471,7 +471,7 @@ register(OpSpec(
         for c in generic_checks(grad=True)) + (
         Check("normalised_moments", normalised_moments),
         Check("constant_row_gives_bias", constant_row_gives_bias),
-        Check("shift_scale_invariant", shift_scale_invariant, cases=_with_affine),
+        Check("shift_scale_invariant", shift_scale_invariant, cases=_with_affine, needs_arguments=("eps",)),
     ),
 ))
 

@@ -79,7 +79,7 @@ def rms_norm_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case
     n = shape[-1]
     x = _rows_of(draw, shape, dtype, domain_cap(dtype, n))
     return Case("rms_norm", str(dtype).replace("torch.", ""), ("x", "weight", "eps"),
-                {"x": x, "weight": _weight(draw, n, dtype)}, {"eps": draw(st.sampled_from(EPSILONS))})
+                {"x": x, "weight": _weight(draw, n, dtype)}, {"eps": draw(limits.choice("eps", EPSILONS))})
 
 
 @st.composite
@@ -91,7 +91,7 @@ def add_rms_norm_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> 
     x, residual = _rows_of(draw, shape, dtype, half), _rows_of(draw, shape, dtype, half)
     return Case("add_rms_norm", str(dtype).replace("torch.", ""), ("x", "residual", "weight", "eps"),
                 {"x": x, "residual": residual, "weight": _weight(draw, n, dtype)},
-                {"eps": draw(st.sampled_from(EPSILONS))})
+                {"eps": draw(limits.choice("eps", EPSILONS))})
 
 
 # ------------------------------------------------------------------ tolerance binding
@@ -333,7 +333,7 @@ register(OpSpec(
     grad_outputs=("y",),
     output_shapes=lambda case: {"y": case.tensors["x"].shape},
     checks=_grad_checks() + (
-        Check("scale_equivariant", scale_equivariant, cases=_with_scale),
+        Check("scale_equivariant", scale_equivariant, cases=_with_scale, needs_arguments=("eps",)),
         Check("permutation_equivariant", permutation_equivariant, cases=_with_permutation),
         Check("batch_invariant", batch_invariant, requires=_promises_batch_invariance),
     ),

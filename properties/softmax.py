@@ -241,7 +241,7 @@ register(OpSpec(
         Check("neg_inf_gives_zero", neg_inf_gives_zero, cases=_with_neg_inf),
         Check("all_neg_inf_row_gives_nan", all_neg_inf_row_gives_nan),
         Check("shift_invariant", shift_invariant),
-        Check("temperature_equivalent", temperature_equivalent),
+        Check("temperature_equivalent", temperature_equivalent, needs_arguments=("temperature",)),
         Check("rows_independent", rows_independent, cases=lambda op, dtype: op.cases(dtype, min_rows=2)),
     ),
 ))

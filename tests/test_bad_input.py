@@ -22,6 +22,8 @@ from tritoncheck import backend, registry
 DEVICE = backend.device()
 ROOT = Path(__file__).resolve().parents[1]
 OPS = registry.load()
+# the ops whose records build invalid calls; the others declare why not (NotApplicable)
+CHECKED = sorted(op for op, spec in OPS.items() if isinstance(spec.bad_input, registry.BadInput))
 
 
 def _call(op: str, args: dict[str, Any]):
@@ -36,7 +38,7 @@ def _names(message: str, argument: str) -> bool:
 
 @st.composite
 def invalid_calls(draw):
-    op = draw(st.sampled_from(sorted(OPS)))
+    op = draw(st.sampled_from(CHECKED))
     dims = {"b": draw(st.integers(1, 3)), "h": draw(st.integers(1, 2)), "n": draw(st.integers(2, 40)),
             "m": draw(st.integers(2, 40)), "d": draw(st.sampled_from((4, 8, 16)))}
     return op, dims, draw(st.sampled_from(OPS[op].bad_input.spoilers))
@@ -58,7 +60,8 @@ def test_an_invalid_call_is_refused_naming_the_argument(call):
         torch.cuda.synchronize()  # raises if the refused call still broke the context
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("op", [op if op in CHECKED else pytest.param(op, marks=pytest.mark.skip(
+    reason=f"{op}: {OPS[op].bad_input.reason}")) for op in sorted(OPS)])
 def test_the_valid_calls_are_accepted(op):
     """The spoilers spoil a call that is otherwise valid: without them it runs."""
     dims = {"b": 2, "h": 2, "n": 9, "m": 11, "d": 8}

@@ -212,3 +212,6 @@ def test_the_readme_declarations_are_valid():
     assert registry.Implementation.of("attention", namespace["flash_attention"]).limits
     assert registry.Implementation.of("rope", namespace["rope"]).limits.same_dtype == ("cos", "sin")
     assert registry.Implementation.of("rms_norm", namespace["rms_norm"]).fn.rms_norm_cast == "before_weight"
+    flash = registry.Implementation.of("attention", namespace["flash_attn_func"])
+    assert flash.returns == ("o",) and flash.calling.layout == "bnhd"
+    assert flash.calling.names["sm_scale"] == "softmax_scale" and not flash.calling.takes("window")

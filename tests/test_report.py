@@ -82,7 +82,7 @@ def test_reports_follow_the_schema(tmp_path):
     assert Case.from_json(row["closest_case"]["case"]).to_json() == CASE.to_json()
     assert "| softmax | padded_lanes_zero | float32 | y |" in (tmp_path / "report.md").read_text()
     html = (tmp_path / "report.html").read_text()
-    assert "<canvas" in html and "padded_lanes_zero" in html
+    assert "headroom against elements" in html and "padded_lanes_zero" in html
 
 
 def test_case_json_keeps_string_params_and_non_finite_floats():
@@ -161,3 +161,244 @@ def test_vacuous_elements_are_traced_to_the_input_regime_they_came_from():
     quiet = dict(case, tensors={"x": dict(case["tensors"]["x"], family="normal")})
     rows = [{"vacuous": 7, "case": case}, {"vacuous": 2, "case": case}, {"vacuous": 0, "case": quiet}]
     assert report.vacuous_where(rows) == [{"regime": "dy normal x1000, x near_max", "elements": 9, "examples": 2}]
+
+
+# ------------------------------------------------ the summary, finite figures, diff, merge
+
+def _recorded_report(folder, comparisons, verdicts, parities=None, case=CASE):
+    """A report from hand-made comparisons of the padded_lanes_zero softmax target, one
+    example each (with PyTorch's error beside it where ``parities`` gives one)."""
+    from tritoncheck.parity import Parity
+    collector = report.Collector()
+    target = _failing_target()
+    sink = collector.sink(target, case)
+    for i, c in enumerate(comparisons):
+        baseline = (parities or [None] * len(comparisons))[i]
+        sink(c, parity=None if baseline is None else Parity(baseline, c.max_abs))
+        collector.count(target, case=case)
+    collector.dump(folder / "parts", "main")
+    return report.build(folder, [], {"backend": "interpret", "profile": "ci"}, verdicts=verdicts)
+
+
+def _numbers(text):
+    import re
+    return [float(x) for x in re.findall(r"(?<![\w.])[-+]?\d+\.?\d*(?:e[-+]?\d+)?", text)]
+
+
+def test_tables_show_finite_ulps_at_the_output_scale_and_name_extremes_in_a_note(tmp_path):
+    import math
+
+    import numpy as np
+    import torch
+
+    from tritoncheck.oracle import compare
+    from tritoncheck.tolerance import ulp
+    # an output whose elementwise relative and ULP errors are astronomical (expected 1e-30
+    # next to 1.0, got 0.5 there) but which passes: its allowance is absolute, set by the inputs
+    expected = np.array([1.0, 1e-30])
+    near_zero = compare("y", torch.tensor([1.0, 0.5]), expected, np.array([1e-7, 1.0]))
+    assert near_zero.ok and near_zero.max_ulp > 1e20  # the raw elementwise figure the old table printed
+    exact = compare("y", torch.tensor([1.0, 2.0]), np.array([1.0, 2.0]), np.array([1e-7, 1e-7]))
+    data = _recorded_report(tmp_path, [near_zero, exact], {"softmax-padded_lanes_zero-float32-matches_reference":
+                                                            "passed"}, parities=[0.0, 1e-70])
+    (o,) = data["outputs"]
+    one_ulp = float(ulp(np.array([1.0]), torch.float32)[0])
+    assert o["max_ulp_at_scale"] == pytest.approx(0.5 / one_ulp)  # per tensor, at the scale 1.0: 4.2e6
+    # the 1e-30 element is below the output's rounding at its scale: no relative error is defined
+    # there, and the one counted element (1.0) is exact
+    assert o["max_rel_counted"] == 0.0 and o["rel_defined_examples"] == 2
+    assert o["torch_exact_examples"] == 2 and o["max_parity_ratio_finite"] is None  # 1e-70: no error at scale 1
+    text = report.table(data) + report.markdown(data) + report_summary_text(data)
+    import re
+    assert not re.search(r"\b(inf|nan)\b", text.lower()), text
+    assert all(math.isfinite(v) for v in _numbers(report.table(data)))
+    assert "torch exact" in report_summary_text(data) and "exact" in report.table(data)
+    assert any("ulp of the output's scale" in n and "matches_reference on x normal" in n for n in o["notes"])
+    assert "[1]" in report.table(data) and "[1] softmax/padded_lanes_zero/float32/y" in report.table(data)
+
+
+def report_summary_text(data):
+    from tritoncheck.report_summary import summary_text
+    return summary_text(data)
+
+
+def test_the_relative_error_is_over_the_elements_where_it_is_defined():
+    import numpy as np
+    import torch
+
+    from tritoncheck.oracle import compare
+    # the 1e-30 element is below the output's own rounding (u * scale): not counted, so the
+    # relative error is 1e-6 / 1 from the element that is, not 1e-3 / 1e-30
+    c = compare("y", torch.tensor([1.0 + 1e-6, 1e-3], dtype=torch.float64), np.array([1.0, 1e-30]),
+                np.array([1e-5, 1e-2]), dtype=torch.float32)
+    assert c.max_rel_counted == pytest.approx(1e-6, rel=1e-6)
+    nothing = compare("y", torch.tensor([0.0]), np.array([0.0]), np.array([1e-7]))
+    assert nothing.max_rel_counted is None  # defined nowhere: the table shows '-'
+
+
+def test_summary_line_per_op_impl_dtype_with_verdicts_coverage_and_the_unexercised(tmp_path):
+    import numpy as np
+    import torch
+
+    from tritoncheck.oracle import compare
+    c = compare("y", torch.tensor([1.0, 2.0]), np.array([1.0, 2.0]), np.array([1e-7, 1e-7]))
+    verdicts = {"softmax-padded_lanes_zero-float32-matches_reference": "passed",
+                "softmax-padded_lanes_zero-float32-rows_sum_to_one": "failed",
+                "softmax-padded_lanes_zero-float32-deterministic": "skipped"}
+    data = _recorded_report(tmp_path, [c], verdicts)
+    (line,) = data["summary"]
+    assert (line["passed"], line["failed"], line["skipped"]) == (1, 1, 1)
+    assert line["failed_checks"] == ["rows_sum_to_one"] and line["worst_at"] == "matches_reference/y"
+    assert line["typical_ulp"] == 0.0 and line["vacuous_share"] == 0.0
+    # CASE draws one contiguous normal 2x5 tensor: the rest was not exercised, and says so
+    assert line["not_exercised"].startswith("largest x 2x5, at most 2 rows of <= 5")
+    assert "near_max" in line["not_exercised"] and "permuted/strided/offset layout" in line["not_exercised"]
+    # an output with no error anywhere reads as "exact or not exercised", with the largest input
+    (o,) = data["outputs"]
+    assert o["notes"] == ["softmax/padded_lanes_zero/float32/y: 0 error in all 1 examples: exact there, or not "
+                          "exercised (largest x 2x5, at most 2 rows of <= 5)"]
+    md = report.markdown(data)
+    assert md.index("## Summary") < md.index("## Outputs") and "1/1/1 failed: rows_sum_to_one" in md
+    assert ("| `softmax-padded_lanes_zero-float32-matches_reference` | 1 | largest x 2x5, at most 2 rows of <= 5 | "
+            "contiguous | float32 | normal |") in md
+    cov = data["coverage_per_test"]["softmax-padded_lanes_zero-float32-matches_reference"]
+    assert cov["tensors"]["x"]["max_rows"] == 2 and cov["layouts"] == ["contiguous"] and cov["families"] == ["normal"]
+
+
+def test_coverage_counts_only_examples_that_ran_to_the_end():
+    from tritoncheck import coverage
+    from tritoncheck.strategies import Layout
+    collector = report.Collector()
+    target = _failing_target()
+    wide = CASE.replace(tensors={"x": TensorSpec((3, 70000), "float32", "near_max", 1.0, 0, Layout((1, 0), 1, 2, 5))})
+    collector.count(target, invalid=True, case=wide)
+    collector.count(target, refused=True, case=wide)
+    collector.count(target, case=CASE)
+    tally = collector.coverage[target.id]
+    assert tally["examples"] == 1 and tally["tensors"]["x"]["max_row_length"] == 5
+    collector.count(target, case=wide)
+    assert coverage.largest_line(collector.coverage[target.id]) == "largest x 3x70000, at most 3 rows of <= 70000"
+    assert collector.coverage[target.id]["layouts"] == ["contiguous", "offset", "permuted", "strided"]
+
+
+def _diff_pair(tmp_path, headroom_b, verdict_b, refusal_b=None):
+    """report.json files A (headroom 1e-3, passed) and B (``headroom_b``, ``verdict_b``)."""
+    import numpy as np
+    import torch
+
+    from tritoncheck.oracle import compare
+    out = []
+    for name, headroom, verdict, refusal in (("a", 1e-3, "passed", None), ("b", headroom_b, verdict_b, refusal_b)):
+        folder = tmp_path / name
+        c = compare("y", torch.tensor([1.5]), np.array([1.0]), np.array([0.5 / headroom]))  # |error| 0.5
+        data = _recorded_report(folder, [c], {"softmax-padded_lanes_zero-float32-matches_reference": verdict})
+        if refusal:
+            data["refusals_per_test"] = {"softmax-padded_lanes_zero-float32-matches_reference": {refusal: 2}}
+        (folder / "report.json").write_text(json.dumps(data))
+        out.append(folder / "report.json")
+    return out
+
+
+def test_report_diff_lists_grown_headroom_changed_verdicts_and_new_refusals_and_fails_the_step(tmp_path):
+    a, b = _diff_pair(tmp_path, headroom_b=0.5, verdict_b="failed", refusal_b="Refusal: rows of 70000 elements")
+    done = subprocess.run([sys.executable, "-m", "tritoncheck", "report", "diff", str(a), str(b)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout
+    assert "**Regression**" in out and "| `softmax-padded_lanes_zero-float32-matches_reference` | passed | **failed** |" in out
+    assert "| softmax/padded_lanes_zero/float32/y | matches_reference | 0.001 | 0.5 | 500x |" in out
+    assert "Refusal: rows of 70000 elements | 2 |" in out
+
+
+def test_report_diff_of_equal_reports_passes_and_a_non_report_is_a_usage_error(tmp_path):
+    from tritoncheck import cli
+    a, b = _diff_pair(tmp_path, headroom_b=1e-3 * 1.1, verdict_b="passed")  # 10% more: below the 1.25x factor
+    assert cli.main(["report", "diff", str(a), str(b)]) == 0
+    (tmp_path / "junk.json").write_text("[1, 2]")
+    assert cli.main(["report", "diff", str(a), str(tmp_path / "junk.json")]) == 2
+
+
+def test_shards_are_a_stable_partition_by_test_id():
+    from tritoncheck import report_shards
+    ids = [f"tests/test_checks.py::test_check[softmax-triton-float32-check{i}]" for i in range(300)]
+    shards = [report_shards.shard_of(i, 3) for i in ids]
+    assert set(shards) == {1, 2, 3} and min(shards.count(k) for k in (1, 2, 3)) > 60
+    # a value fixed by SHA-256: no hash seed, no machine, no collection order changes it
+    assert report_shards.shard_of("tests/test_checks.py::test_check[softmax-triton-float32-matches_reference]",
+                                  3) == report_shards.shard_of(ids[0].replace("check0", "matches_reference"), 3)
+    assert [report_shards.shard_of(i, 3) for i in reversed(ids)] == shards[::-1]
+    for bad in ("3", "0/3", "4/3", "a/b"):
+        with pytest.raises(ValueError, match="--shard"):
+            report_shards.parse(bad)
+
+
+SHARD_RUN = ["tests/test_checks.py", "-p", "no:randomly", "-q", "--op", "softmax", "--dtype", "float32",
+             "--max-examples", "3", "-k", "matches_reference or rows_sum_to_one or shift_invariant or "
+             "deterministic or values_in_unit_interval or temperature_equivalent"]
+SAME_RUN_KEYS = ("outputs", "summary", "verdicts", "coverage_per_test", "examples_per_test", "invalid_per_test",
+                 "refusals_per_test", "vacuous_per_test", "statistical", "skipped", "rows")
+
+
+def test_three_shards_merged_equal_the_whole_run(tmp_path):
+    """The same seed (the ci profile is derandomized), one small op, a few checks and
+    examples: the whole run, then --shard 1/3, 2/3, 3/3, merged with `report merge`."""
+    def run(folder, *extra):
+        done = subprocess.run([sys.executable, "-m", "pytest", *SHARD_RUN, "--report-dir", str(folder), *extra],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode in (0, 5), done.stdout[-3000:] + done.stderr[-3000:]  # 5: an empty shard
+        return json.loads((folder / "report.json").read_text())
+
+    whole = run(tmp_path / "whole")
+    shards = [run(tmp_path / f"shard{k}", "--shard", f"{k}/3") for k in (1, 2, 3)]
+    assert [s["meta"]["shard"] for s in shards] == ["1/3", "2/3", "3/3"]
+    ran = [set(s["verdicts"]) for s in shards]
+    assert sum(map(len, ran)) == len(whole["verdicts"]) == 6 and set().union(*ran) == set(whole["verdicts"])
+    from tritoncheck import cli
+    assert cli.main(["report", "merge", "-o", str(tmp_path / "merged"),
+                     *(str(tmp_path / f"shard{k}" / "report.json") for k in (1, 2, 3))]) == 0
+    merged = json.loads((tmp_path / "merged" / "report.json").read_text())
+    assert merged["rows"], "no comparison recorded: the equality below would be vacuous"
+    for key in SAME_RUN_KEYS:
+        assert merged[key] == whole[key], key
+    with pytest.raises(ValueError, match="two shards|same shard"):
+        from tritoncheck import report_shards
+        report_shards.merge([shards[0], shards[0]])
+
+
+WRONG_SOFTMAX = '''
+import torch
+def softmax(x, temperature=1.0):
+    return (torch.softmax(x.float() / temperature, dim=-1) * 1.01).to(x.dtype)  # 1% too large
+softmax.uses_triton = False
+softmax.supports_backward = False
+'''
+
+
+def test_junit_failure_message_names_the_check_its_replay_and_the_worst_element(tmp_path):
+    import os
+    import xml.etree.ElementTree as ET
+    (tmp_path / "wrong_softmax.py").write_text(WRONG_SOFTMAX)
+    junit = tmp_path / "junit.xml"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "pytest", "tests/test_checks.py", "-p", "no:randomly", "-q",
+                           "--impl", "softmax=wrong_softmax:softmax", "--dtype", "float32", "--max-examples", "3",
+                           "-k", "matches_reference", "--report-dir", str(tmp_path / "r"), f"--junitxml={junit}"],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    (failure,) = [f for case in ET.parse(junit).iter("testcase") for f in case if f.tag == "failure"]
+    message = failure.get("message")  # what CI test views show: pytest keeps its first 500 characters
+    assert "softmax-softmax-float32-matches_reference failed; replay: python -m tritoncheck.replay" in message
+    assert "worst at index" in message and "x the tolerance" in message, message
+    # the terminal's summary line says the same
+    assert "0/1/0 failed: matches_reference" in done.stdout
+
+
+def test_report_diff_pairs_the_project_kernel_with_a_library_one_of_another_name(tmp_path):
+    from tritoncheck import report_diff
+    a, b = (json.loads(p.read_text()) for p in _diff_pair(tmp_path, headroom_b=0.5, verdict_b="failed"))
+    b["outputs"] = [dict(o, impl="liger") for o in b["outputs"]]
+    b["verdicts"] = {t.replace("padded_lanes_zero", "liger"): v for t, v in b["verdicts"].items()}
+    found = report_diff.diff(a, b)
+    assert found["paired"] == ["softmax: padded_lanes_zero (A) ~ liger (B)"] and found["regression"]
+    assert [c["test"] for c in found["changed"]] == ["softmax-padded_lanes_zero-float32-matches_reference"]
+    assert [g["output"] for g in found["grew"]] == ["softmax/padded_lanes_zero/float32/y"]

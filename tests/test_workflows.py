@@ -45,3 +45,18 @@ def test_the_schema_check_can_fail(tmp_path):
     done = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
                            str(broken)], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "runs-on" in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("workflow", WORKFLOWS, ids=lambda p: p.name)
+def test_a_workflow_that_runs_the_suite_keeps_junit_and_writes_the_summary_page(workflow):
+    text = workflow.read_text()
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    suites = [env for env in re.findall(r"tox -e (\w+)", text)
+              if "pytest" in tox.get(f"testenv:{env}", "commands", fallback=tox.get("testenv", "commands"))]
+    assert suites, f"{workflow.name} runs no pytest through tox"
+    for env in suites:
+        commands = tox.get(f"testenv:{env}", "commands", fallback="")
+        assert "--junitxml=reports/" in commands, f"tox env {env} writes no JUnit XML"
+        assert f".tox/{env}/bin/python -m tritoncheck report summary reports/" in text \
+            and '>> "$GITHUB_STEP_SUMMARY"' in text, f"{workflow.name} does not write {env}'s summary"

@@ -7,6 +7,12 @@ directory, as ``python -m`` would, or from ``PYTHONPATH``), writes the tolerance
 and the failing cases' replay files under ``--report-dir`` (``./reports``) and exits 0
 only when every check that could run passed. pytest runs underneath: anything after
 ``--`` goes to it unchanged, and ``pytest --impl OP=module:function`` does the same.
+
+    tritoncheck report summary reports/report.json     # the summary, as Markdown
+    tritoncheck report diff base.json reports/report.json   # what got worse; exit 1 if anything did
+    tritoncheck report merge -o reports shard1.json shard2.json shard3.json   # a --shard K/N run, joined
+
+work on the reports runs write (docs/report-schema.md).
 """
 from __future__ import annotations
 
@@ -58,6 +64,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--report-dir", default="reports", help="where the report and the replay files go (./reports)")
     p.add_argument("-n", "--workers", default=None, metavar="N",
                    help="pytest-xdist worker processes (a number or auto); default: one process")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="only the K-th of N deterministic shares of the checks (a CI matrix); "
+                        "`tritoncheck report merge` joins the shards' reports")
     return p
 
 
@@ -82,11 +91,60 @@ def pytest_args(ns: argparse.Namespace, extra: list[str]) -> list[str]:
         args += ["--max-examples", str(ns.max_examples)]
     if ns.workers:
         args += ["-n", str(ns.workers)]
+    if ns.shard:
+        args += ["--shard", ns.shard]
     return args + extra
+
+
+def report_parser() -> argparse.ArgumentParser:
+    from tritoncheck import report_diff
+    p = argparse.ArgumentParser(prog="tritoncheck report", description="Read, compare and join report.json files.")
+    sub = p.add_subparsers(dest="action", required=True)
+    s = sub.add_parser("summary", help="print a report's summary (Markdown: a CI step summary takes it)")
+    s.add_argument("report")
+    s.add_argument("--text", action="store_true", help="aligned text, as the terminal prints it")
+    d = sub.add_parser("diff", help="A (base) against B: checks that changed verdict, outputs whose headroom grew, "
+                                    "new refusals, as Markdown; exit 1 when anything got worse")
+    d.add_argument("a")
+    d.add_argument("b")
+    d.add_argument("--factor", type=float, default=report_diff.GROWTH_FACTOR,
+                   help="report an output whose headroom grew past this many times A's (default %(default)s)")
+    d.add_argument("--floor", type=float, default=report_diff.HEADROOM_FLOOR,
+                   help="... and reached at least this headroom (default %(default)s)")
+    m = sub.add_parser("merge", help="join the report.json files of a --shard K/N run into one report")
+    m.add_argument("reports", nargs="+")
+    m.add_argument("-o", "--out", required=True, help="folder for the merged report.json, .md and .html")
+    return p
+
+
+def report_command(argv: list[str]) -> int:
+    """``tritoncheck report ...``: 0 done (diff: nothing worse), 1 diff found something worse,
+    2 a usage error or a file that is not a report."""
+    from tritoncheck import report_diff, report_shards, report_summary
+    ns = report_parser().parse_args(argv)
+    try:
+        if ns.action == "summary":
+            data = report_diff.load(ns.report)
+            print(report_summary.summary_text(data) + "\n" if ns.text else report_summary.summary_markdown(data), end="")
+            return 0
+        if ns.action == "diff":
+            a, b = report_diff.load(ns.a), report_diff.load(ns.b)
+            found = report_diff.diff(a, b, ns.factor, ns.floor)
+            print(report_diff.markdown(found, a, b, (ns.a, ns.b)), end="")
+            return 1 if found["regression"] else 0
+        merged = report_shards.merge_files([Path(p) for p in ns.reports], Path(ns.out))
+        print(f"merged {len(ns.reports)} report(s) into {Path(ns.out) / 'report.json'}: "
+              f"{len(merged['verdicts'])} checks, {len(merged['rows'])} recorded comparisons")
+        return 0
+    except ValueError as exc:
+        print(f"tritoncheck report: {exc}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["report"]:
+        return report_command(argv[1:])
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     ns = parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if not ns.impls and not ns.list_ops:

@@ -82,6 +82,30 @@ neither refused nor discarded by the check's preconditions); fewer fail it as no
 reached.
 """
 
+CALLING = """\
+## How an implementation is called
+
+The suite reads the function's signature (for a `torch.autograd.Function`'s `apply`, its
+`forward` less `ctx`) and calls it as Python binds it (`tritoncheck/calling.py`): the
+arguments without a default positionally, in the table's order; an optional one by
+keyword where the signature takes that name (keyword-only parameters and `**kwargs`
+included), else positionally where a parameter sits at its place in the table's order,
+else not at all. An optional argument the function cannot take is held at its default in
+every drawn case, and a check that needs another value of it is skipped as not
+applicable, with the reason, in the terminal and the report (never passed). A binding
+error on a case the signature can take is a failure. Declarations for the rest of a
+library's convention, validated when the implementation is loaded:
+
+- `fn.argument_names = {"sm_scale": "softmax_scale", "causal": "is_causal"}`: the function's
+  own names for the table's arguments (each must be one of its parameters).
+- `fn.layout = "bnhd"` (attention, linear attention): the tensors are passed, and `o` read
+  back, as `[B, N, H, D]` (permuted views of the drawn tensors: the strided-layout fuzzing
+  stays, in that layout; `contiguous` limits mean contiguous in it). `lse` stays `[B, H, Nq]`.
+- `fn.returns = ("o",)`: the outputs it returns, in the table's order. The checks that need
+  another one (attention's key-split merges need `lse`) are not applicable; the others
+  compare what it returns.
+"""
+
 LIMITS = """\
 ## Declared limits
 
@@ -105,7 +129,7 @@ def contract_markdown() -> str:
         if op.grad_inputs and op.grad_outputs != op.outputs:
             grads += " through " + ", ".join(f"`{o}`" for o in op.grad_outputs)
         out.append(f"| `{name}` | `{op.signature}` | {op.meaning} | {_dtypes(op)} | {grads} |")
-    out += ["", REFUSALS, LIMITS]
+    out += ["", CALLING, REFUSALS, LIMITS]
     out += [f"- `{key}`: {text}" for key, text in limits.KEYS.items()]
     out += ["", "Named dims and the scalar arguments a limit can narrow, per op:", "",
             "| op | dims (tensor, axis) | `values` may narrow |", "|---|---|---|"]

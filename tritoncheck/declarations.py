@@ -45,6 +45,12 @@ ATTRIBUTES = {
     "refuses": "a message pattern (regex) or a tuple of them, each a str (a ValueError, TypeError or "
                "NotImplementedError whose message it matches is a declared refusal) or an (exception type, str) "
                "pair (that type instead; never AssertionError)",
+    "returns": "a tuple of the op's output names the function returns, in the op's order (e.g. ('o',) for "
+               "attention without lse); the checks that need the others are not applicable",
+    "layout": "the name of one of the op's tensor layouts (attention, linear attention: 'bhnd', the "
+              "contract's, or 'bnhd'); its tensors are passed and returned in it",
+    "argument_names": "a dict of the op's argument names to the function's own parameter names "
+                      "(e.g. {'sm_scale': 'softmax_scale', 'causal': 'is_causal'})",
     "autotuned": "a tuple of the triton.autotune'd kernels it launches (tritoncheck/autotune_configs.py; "
                  "--autotune-config and benchmarks/autotune_sweep.py pin them)",
 }
@@ -191,3 +197,60 @@ def check_attributes(fn: Callable, owner: str) -> None:
     if chunks is not None and (not isinstance(chunks, (tuple, list)) or not chunks or not all(
             isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in chunks)):
         raise ValueError(f"{owner}.chunk_sizes must be {ATTRIBUTES['chunk_sizes']}, got {chunks!r}")
+
+
+def returns(op: Any, declared: Any, owner: str) -> tuple[str, ...] | None:
+    """Parse ``fn.returns``: a non-empty tuple of the op's outputs, in the op's order (the
+    order the function returns them in)."""
+    if declared is None:
+        return None
+    items = (declared,) if isinstance(declared, str) else declared
+    if not isinstance(items, (tuple, list)) or not items or not all(isinstance(n, str) for n in items):
+        raise TypeError(f"{owner}.returns must be {ATTRIBUTES['returns']}, got {declared!r}")
+    unknown = [n for n in items if n not in op.outputs]
+    if unknown:
+        raise ValueError(f"{owner}.returns: {unknown} are not outputs of {op.name}; its outputs are "
+                         f"{', '.join(op.outputs)}")
+    if list(items) != [n for n in op.outputs if n in items]:
+        raise ValueError(f"{owner}.returns must list the outputs in {op.name}'s order {op.outputs}, got {declared!r}")
+    return tuple(items)
+
+
+def layout(op: Any, declared: Any, owner: str) -> str | None:
+    """Parse ``fn.layout``: one of the op's named layouts (``OpSpec.layouts``)."""
+    if declared is None:
+        return None
+    if not op.layouts:
+        raise ValueError(f"{owner}.layout: {op.name} has one tensor layout, the contract's; declare none")
+    if declared not in op.layouts:
+        raise ValueError(f"{owner}.layout must be one of {', '.join(repr(k) for k in op.layouts)} for {op.name}, "
+                         f"got {declared!r}")
+    return declared
+
+
+def argument_names(op: Any, declared: Any, owner: str, parameters: Mapping[str, Any] | None) -> dict[str, str]:
+    """Parse ``fn.argument_names``: the op's argument names to the function's parameter
+    names, each a parameter of the function (``parameters``: its signature's, None where
+    it cannot be read or has ``**kwargs``), none named twice."""
+    if declared is None:
+        return {}
+    where = f"{owner}.argument_names"
+    if not isinstance(declared, Mapping) or not all(isinstance(k, str) and isinstance(v, str) and v.isidentifier()
+                                                    for k, v in declared.items()):
+        raise TypeError(f"{where} must be {ATTRIBUTES['argument_names']}, got {declared!r}")
+    for key in declared:
+        if key not in op.arguments:
+            close = difflib.get_close_matches(key, list(op.arguments), n=1)
+            raise ValueError(f"{where}: {op.name} has no argument {key!r}"
+                             + (f"; did you mean {close[0]!r}?" if close else f"; its arguments: "
+                                f"{', '.join(op.arguments)}"))
+    values = list(declared.values())
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+        raise ValueError(f"{where}: {twice} named for more than one argument")
+    if parameters is not None:
+        absent = [v for v in values if v not in parameters]
+        if absent:
+            raise ValueError(f"{where}: the function has no parameter {', '.join(map(repr, absent))}; its "
+                             f"parameters: {', '.join(parameters)}")
+    return dict(declared)

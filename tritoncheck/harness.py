@@ -25,7 +25,7 @@ from hypothesis.vendor import pretty
 from tritoncheck import autotune_configs, backend, devices, refusals, registry, strategies
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import rule_name
-from tritoncheck.limits import OutsideLimits
+from tritoncheck.limits import NotApplicable, OutsideLimits
 from tritoncheck.oracle import VACUOUS_EXAMPLES_MAX, recording
 from tritoncheck.poisoning import poisoned_allocations_for
 from tritoncheck.refusals import Refused
@@ -86,6 +86,8 @@ class Target:
         """A case from ``data``; a check that needs cases the declared limits exclude is skipped."""
         try:
             return data.draw(self.strategy(), label="case")
+        except NotApplicable as exc:
+            pytest.skip(str(exc))
         except OutsideLimits as exc:
             pytest.skip(f"{self.impl.name}'s declared limits exclude the cases this check needs: {exc}")
 
@@ -96,6 +98,9 @@ class Target:
         reason = self.impl.unsupported(self.dtype)
         if reason:
             return reason
+        reason = self.impl.not_applicable(self.check)
+        if reason:
+            return f"{reason} ({self.check.name} needs it)"
         if self.check.requires is not None:
             return self.check.requires(self.impl)
         return None
@@ -126,14 +131,16 @@ class Target:
             note = (f"\n{self.check.name} failed for {self.impl.name} on:\n{case.describe()}\n"
                     f"replay: python -m tritoncheck.replay {path}")
             if isinstance(exc, AssertionError):
-                raise AssertionError(f"{exc}\n{note}") from None
+                # the headline first: JUnit's failure message keeps the first 500 characters
+                headline = f"{self.id} failed; replay: python -m tritoncheck.replay {path}"
+                raise AssertionError(f"{headline}\n{exc}\n{note}") from None
             if hasattr(exc, "add_note"):
                 exc.add_note(note)
             raise
         finally:
             devices.release_cache(backend.current())
             if _collector is not None:
-                _collector.count(self, invalid, refused, time.perf_counter() - start)
+                _collector.count(self, invalid, refused, time.perf_counter() - start, case=case)
 
     def _fail_refusal(self, case: Case, exc: Refused) -> None:
         """A refusal that fails the example: the project's own implementations accept the
@@ -382,8 +389,11 @@ device = "cuda" if "{backend}" == "cuda" else "cpu"
 inputs = {{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in torch.load(HERE / "{stem}.pt").items()}}
 args = [inputs[a] for a in {args}]
 impl, reference = load("{impl}"), load("{reference}")
-got = impl(*args, **{kwargs})
-got = got if isinstance(got, tuple) else (got,)
+from tritoncheck import registry  # noqa: E402
+
+# called as the run called it: its signature, declared argument names, layout and returns
+under_test = registry.Implementation.of("{op}", impl)
+got = under_test.outputs(under_test.call(inputs, {args}, {kwargs}))
 try:
     expected = reference(*[a.detach().cpu().double().numpy() if torch.is_tensor(a) and a.is_floating_point()
                            else (a.cpu().numpy() if torch.is_tensor(a) else a) for a in args])
@@ -391,8 +401,10 @@ try:
 except ValueError as exc:  # dropout: the reference needs the implementation's own mask
     print(f"no fp64 reference from these arguments alone: {{exc}}")
     expected = ()
-for name, g, e in zip({outputs}, got, expected):
-    g = g.detach().cpu().double().numpy()
+for name, e in zip({outputs}, expected):
+    if name not in got:  # an output it does not return (declared returns)
+        continue
+    g = got[name].detach().cpu().double().numpy()
     err = np.where(np.isfinite(e) & np.isfinite(g), np.abs(g - e), np.where(np.isnan(e) == np.isnan(g), 0.0, np.inf))
     i = np.unravel_index(int(np.argmax(err)), err.shape) if err.size else ()
     print(f"{op} output {{name}}: max |error| {{err.max() if err.size else 0:.3g}} at {{list(map(int, i))}} "

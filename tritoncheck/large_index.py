@@ -33,8 +33,9 @@ SAMPLE = 6  # slices compared besides the ones at the ends and at the 2**31 boun
 
 def _problem(op: str) -> LargeProblem:
     problem = OPS[op].large_problem
-    if problem is None:
-        raise ValueError(f"{op}'s record declares no large_problem")
+    if not isinstance(problem, LargeProblem):
+        raise ValueError(f"{op}'s record declares no large_problem"
+                         + (f": {problem.reason}" if problem is not None else ""))
     return problem
 
 
@@ -86,7 +87,7 @@ def check(op: str, impl: Implementation, dtype: torch.dtype, device: torch.devic
     grads_wanted = bool(spec.grad_inputs) and impl.supports_backward
     for name in spec.grad_inputs if grads_wanted else ():
         values[name] = values[name].detach().requires_grad_(True)
-    outs = spec.unpack(impl.fn(*(values[a] for a in spec.arguments)))
+    outs = impl.outputs(impl.call(values, spec.arguments))
     grads = {}
     if grads_wanted:
         dys = {n: randn(outs[n].shape, outs[n].dtype, device) for n in spec.grad_outputs}

@@ -30,8 +30,9 @@ from typing import Any, Mapping, Sequence
 from hypothesis import strategies as st
 
 from tritoncheck import shape_pool
+from tritoncheck.calling import same_value
 from tritoncheck.config import CONFIG
-from tritoncheck.strategies import Case, lengths, sizes
+from tritoncheck.strategies import Case, Layout, lengths, sizes
 
 KEYS = {
     "max_size": "{dim: n}: the largest size of a named dim the kernel accepts",
@@ -45,6 +46,10 @@ KEYS = {
 
 class OutsideLimits(Exception):
     """A check needs cases that the implementation's declared limits exclude."""
+
+
+class NotApplicable(OutsideLimits):
+    """A check needs a value of an argument the implementation's signature cannot take."""
 
 
 def _suggest(name: str, known: Sequence[str]) -> str:
@@ -62,6 +67,11 @@ class Limits:
     values: Mapping[str, tuple] = field(default_factory=dict)
     same_dtype: tuple[str, ...] = ()
     contiguous: tuple[str, ...] = ()
+    # not declared: read from the implementation (tritoncheck/calling.py). ``fixed``: the
+    # optional arguments its signature cannot take, held at their defaults; ``orders``: the
+    # storage order that makes a tensor contiguous in its declared layout
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    orders: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, op: Any, declared: Any, owner: str) -> "Limits":
@@ -166,7 +176,15 @@ class Limits:
             parts.append(f"{', '.join(self.same_dtype)} in the case's dtype")
         if self.contiguous:
             parts.append(f"{', '.join(self.contiguous)} contiguous")
+        parts += [f"{arg} = {v!r} (its signature takes no {arg})" for arg, v in self.fixed.items()]
         return "; ".join(parts) or "none"
+
+    def held(self, arg: str) -> bool:
+        """Whether ``arg`` is an argument the implementation cannot take (held at its default)."""
+        return arg in self.fixed
+
+    def not_taken(self, arg: str, what: str) -> NotApplicable:
+        return NotApplicable(f"not applicable: the implementation's signature takes no {arg}; this check needs {what}")
 
     # ------------------------------------------------------------------ steering
 
@@ -268,7 +286,12 @@ class Limits:
         return st.sampled_from(inside)
 
     def choice(self, arg: str, values: Sequence) -> st.SearchStrategy:
-        """A value of a scalar argument from ``values``, inside the limits."""
+        """A value of a scalar argument from ``values``, inside the limits; an argument the
+        implementation cannot take is its default, or the check is not applicable."""
+        if arg in self.fixed:
+            if not any(same_value(v, self.fixed[arg]) for v in values):
+                raise self.not_taken(arg, f"{arg} in {list(values)}")
+            return st.just(self.fixed[arg])
         inside = [v for v in values if v in self.values.get(arg, values)]
         if not inside:
             raise OutsideLimits(f"this check needs {arg} in {list(values)}; the declared limits allow "
@@ -278,7 +301,7 @@ class Limits:
     def fit(self, case: Case) -> Case:
         """``case`` with its tensors inside the dtype and layout limits (a layout or a
         table dtype changes no value the op's domain depends on)."""
-        if not (self.same_dtype or self.contiguous):
+        if not (self.same_dtype or self.contiguous or self.orders):
             return case
         specs = dict(case.tensors)
         for name in self.same_dtype:
@@ -287,7 +310,8 @@ class Limits:
         for name in specs:
             # upstream gradients (not arguments) reach the kernel's backward: contiguous too
             if name in self.contiguous or (self.contiguous and name not in case.args):
-                specs[name] = dataclasses.replace(specs[name], layout=None)
+                order = self.orders.get(name)
+                specs[name] = dataclasses.replace(specs[name], layout=None if order is None else Layout(order=order))
         return dataclasses.replace(case, tensors=specs)
 
     def excludes(self, op: Any, case: Case) -> str | None:
@@ -299,6 +323,10 @@ class Limits:
         for arg, allowed in self.values.items():
             if case.params[arg] not in allowed:
                 return f"{arg} = {case.params[arg]!r}"
+        for arg, default in self.fixed.items():
+            drawn = case.tensors.get(arg, case.params.get(arg, default))
+            if not same_value(drawn, default):
+                return f"{arg} = {drawn!r} (its signature takes no {arg})"
         for name in self.same_dtype:
             if name not in case.tensors:  # an optional tensor argument the case does not pass
                 continue

@@ -67,6 +67,10 @@ class Comparison:
     counted: int = 0  # elements above the reference's noise, less the not checkable ones (module docstring)
     vacuous: int = 0  # of which the allowance reaches |expected|: 0 would pass there
     uncheckable: int = 0  # vacuous elements that no rule could pin down (module docstring), reported apart
+    # max |error| / |expected| over the counted elements only: there |expected| is above the
+    # floors and the output's own rounding, so the ratio is defined and finite; None when
+    # no element counted (the relative error is not defined anywhere in this output)
+    max_rel_counted: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -160,16 +164,19 @@ def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.nd
     scale = torch.where(fin, e.abs(), 0.0).amax()
     worst_flat = torch.where(mismatches, math.inf, ratio).flatten().argmax()
     ulps = err / tolerance.ulp(e, dtype) if dtype.is_floating_point else torch.zeros_like(err)
-    counted, vacuous, uncheckable = _vacuity(e, allowed, fin, dtype, scale, _noise(output, noise, e),
-                                             None if unconstrained is None else float64_on(unconstrained, device) != 0)
+    counted_mask, uncheckable_mask = _masks(e, allowed, fin, dtype, scale, _noise(output, noise, e),
+                                            None if unconstrained is None else float64_on(unconstrained, device) != 0)
+    counted, vacuous = counted_mask.sum(), (counted_mask & (allowed >= e.abs())).sum()
+    uncheckable = uncheckable_mask.sum()
+    rel_counted = torch.where(counted_mask, err / e.abs().clamp(min=math.ulp(0.0)), 0.0).amax()
     # ~(ratio <= 1): a NaN ratio is a violation, never a pass
     figures = torch.stack([err.amax(), torch.where(fin, ulps, 0.0).amax(), ratio.amax(), scale,
                            worst_flat.double(), e.flatten()[worst_flat], g.flatten()[worst_flat],
                            allowed.flatten()[worst_flat], (fin & ~(ratio <= 1)).sum().double(),
                            mismatches.sum().double(), counted.double(), vacuous.double(),
-                           uncheckable.double()]).tolist()
+                           uncheckable.double(), rel_counted]).tolist()
     max_abs, max_ulp, headroom, scale, worst_flat, expected_w, got_w, allowed_w, violations, mismatched, counted, \
-        vacuous, uncheckable = figures
+        vacuous, uncheckable, rel_counted = figures
     return Comparison(
         output=output, dtype=dtype, numel=e.numel(),
         max_abs=max_abs,
@@ -184,6 +191,7 @@ def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.nd
         counted=int(counted),
         vacuous=int(vacuous),
         uncheckable=int(uncheckable),
+        max_rel_counted=rel_counted if counted > 0 else None,
     )
 
 
@@ -212,18 +220,22 @@ def _vacuity(e: torch.Tensor, allowed: torch.Tensor, fin: torch.Tensor, dtype: t
              scale: torch.Tensor, noise: torch.Tensor,
              unconstrained: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(counted, vacuous, uncheckable) elements, as the module docstring defines them (0-d tensors)."""
+    counted, uncheckable = _masks(e, allowed, fin, dtype, scale, noise, unconstrained)
+    return counted.sum(), (counted & (allowed >= e.abs())).sum(), uncheckable.sum()
+
+
+def _masks(e: torch.Tensor, allowed: torch.Tensor, fin: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor,
+           noise: torch.Tensor, unconstrained: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The counted elements and the not checkable ones (the module docstring), as masks."""
     if not dtype.is_floating_point:
-        zero = torch.zeros((), dtype=torch.int64, device=e.device)
-        return zero, zero, zero
+        return torch.zeros_like(fin), torch.zeros_like(fin)
     mag = torch.where(fin, e, 0.0).abs()
     above_noise = fin & (mag > torch.nan_to_num(noise, nan=0.0))  # a NaN bound hides nothing
     pinnable = mag > torch.clamp(tolerance.unit_roundoff(dtype) * scale,
                                  min=FLOOR_MULTIPLE * tolerance.underflow_floor(dtype))
     if unconstrained is not None:
         pinnable = pinnable & ~unconstrained.broadcast_to(e.shape)
-    accepts_zero = allowed >= mag
-    counted = above_noise & pinnable
-    return counted.sum(), (counted & accepts_zero).sum(), (above_noise & ~pinnable & accepts_zero).sum()
+    return above_noise & pinnable, above_noise & ~pinnable & (allowed >= mag)
 
 
 def failure_text(c: Comparison, what: str) -> str:

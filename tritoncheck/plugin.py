@@ -27,13 +27,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis.errors import InvalidArgument
 
 from tritoncheck import backend, devices
-from tritoncheck.config import CONFIG, PROFILE_SIZES
+from tritoncheck.config import CONFIG, PROFILE_SIZES, RunConfig
 
 NAME = "tritoncheck.plugin"  # the entry point's name: `-p tritoncheck.plugin` is then the same plugin
-CHECK, CP_CHECK, MUTANT = "tritoncheck_check", "tritoncheck_cp_check", "tritoncheck_mutant"
+CHECK, MUTANT = "tritoncheck_check", "tritoncheck_mutant"
 MARKERS = {
     CHECK: "a check of an implementation under test (tritoncheck.suite); --impl keeps only these",
-    CP_CHECK: "a context-parallel attention check; --impl cp_attention=... keeps only these",
     MUTANT: "a mutation self-test kill: counted in the kill rate and the time to kill",
     "large": "inputs past 2**31 elements (CUDA only, skipped with the reason elsewhere)",
 }
@@ -114,11 +113,15 @@ def pytest_addoption(parser):
                          "implementation declares in fn.autotuned runs its config I (modulo its count) only, one "
                          "compilation per new size instead of a sweep (benchmarks/autotune_sweep.py checks each config)")
     group.addoption("--cp-world-size", type=int, default=None, metavar="W",
-                    help="ranks (processes; on CUDA one GPU each) for the context-parallel attention checks "
-                         "(gloo on CPU, NCCL on GPUs); default 2")
+                    help="ranks (processes; on CUDA one GPU each) a distributed op's implementation runs on "
+                         "(cp_attention; gloo on CPU, NCCL on GPUs); default 2")
     group.addoption("--tolerance", choices=("derived", "parity"), default="derived",
                     help="derived (default): fail past the derived allowance; parity: fail only past both it and "
                          "2x plain PyTorch's error in the input dtype on the same input (tritoncheck/parity.py)")
+    group.addoption("--shard", default=None, metavar="K/N",
+                    help="run only the K-th of N deterministic shares of the tests (by a hash of each test id: the "
+                         "same on every machine and in every order); `tritoncheck report merge` joins the shards' "
+                         "report.json files into the whole run's report")
 
 
 def active(config) -> bool:
@@ -143,6 +146,12 @@ def pytest_cmdline_main(config):
         except InvalidArgument:
             raise pytest.UsageError(f"--hypothesis-profile {profile!r}: unknown; the suite's profiles are "
                                     f"{', '.join(PROFILES)}") from None
+    if config.getoption("--shard"):
+        from tritoncheck import report_shards
+        try:
+            report_shards.parse(config.getoption("--shard"))
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
     n = config.getoption("--max-examples")
     if n is not None and n < 1:
         raise pytest.UsageError(f"--max-examples {n}: must be at least 1")
@@ -201,7 +210,6 @@ def pytest_configure(config):
 def _configure_run(config, profile: str) -> None:
     """The run's settings (``CONFIG``) and implementations from the command line."""
     from tritoncheck import registry
-    from tritoncheck.properties import context_parallel
     from tritoncheck.strategies import FLOAT_DTYPES, dtype_from_name
 
     CONFIG.size = PROFILE_SIZES.get(profile, "small")
@@ -220,21 +228,17 @@ def _configure_run(config, profile: str) -> None:
     for name, dtype in zip(config.getoption("--dtype"), CONFIG.dtypes or ()):
         if dtype not in FLOAT_DTYPES:
             raise ValueError(f"--dtype {name}: the contract's dtypes are float32, float16 and bfloat16")
-    unknown = set(CONFIG.ops or ()) - set(registry.load()) - {context_parallel.OP}
+    unknown = set(CONFIG.ops or ()) - set(registry.load())
     if unknown:
-        raise ValueError(f"--op {', '.join(sorted(unknown))}: unknown; known ops: "
-                         f"{', '.join(sorted([*registry.OPS, context_parallel.OP]))}")
+        raise ValueError(f"--op {', '.join(sorted(unknown))}: unknown; known ops: {', '.join(sorted(registry.OPS))}")
     world = config.getoption("--cp-world-size")
     if world is not None and world < 1:
         raise ValueError(f"--cp-world-size {world}: must be at least 1")
-    context_parallel.SETTINGS.world_size = world or context_parallel.DEFAULT_WORLD_SIZE
+    CONFIG.world_size = world or RunConfig.world_size
     for spec in config.getoption("--impl"):
         op, sep, target = spec.partition("=")
         if not sep:
             raise ValueError(f"--impl {spec!r}: expected OP=package.module:function")
-        if op.strip() == context_parallel.OP:  # distributed: run on ranks, not in the registry's tests
-            context_parallel.register_implementation(target.strip())
-            continue
         registry.register_implementation(op.strip(), target.strip())
     user = registry.user_implementations()
     if user and CONFIG.ops and not set(CONFIG.ops) & set(user):
@@ -273,6 +277,9 @@ class Session:
         self.kills: list[tuple[str, bool, float]] = []
         self.report: dict | None = None
         self.nothing_checked = False
+        self.verdicts: dict[str, str] = {}  # check id -> passed, failed, skipped, xfailed, xpassed, error
+        from tritoncheck import report_shards
+        self.shard = report_shards.parse(config.getoption("--shard")) if config.getoption("--shard") else None
         # A wild or misaligned access on the GPU leaves the process's CUDA context broken
         # for good: every later CUDA call in it fails with the same error, so every later
         # test in this process (or xdist worker) would fail too and blame itself.
@@ -290,27 +297,15 @@ class Session:
     @staticmethod
     def user_implementations() -> bool:
         from tritoncheck import registry
-        from tritoncheck.properties import context_parallel
-        return bool(registry.user_implementations() or context_parallel.SETTINGS.user_targets)
+        return bool(registry.user_implementations())
 
     def pytest_collection_modifyitems(self, config, items):
-        """--op and --dtype narrow the context-parallel checks as they narrow the registry's;
-        with --impl, only the checks of the user's implementations run: the suite's own
+        """With --impl, only the checks of the user's implementations run: the suite's own
         kernel tests and self-tests are about the suite, not about the user's kernel."""
-        from tritoncheck import registry
-        from tritoncheck.properties import context_parallel as cp
-
-        def dropped(item) -> bool:
-            if item.get_closest_marker(CP_CHECK):
-                return bool((CONFIG.ops and cp.OP not in CONFIG.ops)
-                            or (CONFIG.dtypes and item.callspec.params["dtype"] not in CONFIG.dtypes))
-            return bool(item.get_closest_marker(CHECK) and CONFIG.ops == (cp.OP,))
-
-        def of_user(item) -> bool:
-            return bool((registry.user_implementations() and item.get_closest_marker(CHECK))
-                        or (cp.SETTINGS.user_targets and item.get_closest_marker(CP_CHECK)))
-
-        keep = [i for i in items if not dropped(i) and (not self.user_implementations() or of_user(i))]
+        keep = [i for i in items if not self.user_implementations() or i.get_closest_marker(CHECK)]
+        if self.shard is not None:
+            from tritoncheck.report_shards import shard_of
+            keep = [i for i in keep if shard_of(i.nodeid, self.shard[1]) == self.shard[0]]
         if len(keep) < len(items):
             config.hook.pytest_deselected(items=[i for i in items if i not in keep])
             items[:] = keep
@@ -319,8 +314,9 @@ class Session:
         if MUTANT in report.keywords and report.when == "call":
             # the call's duration is the time to kill: the hunt in each dtype until one fails
             self.kills.append((report.nodeid.partition("[")[2].rstrip("]"), report.passed, report.duration))
-        if CHECK not in report.keywords and CP_CHECK not in report.keywords:
+        if CHECK not in report.keywords:
             return
+        self._record_verdict(report)
         if report.when == "call" or (report.when == "setup" and report.skipped):
             if report.skipped:
                 reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -329,6 +325,20 @@ class Session:
                                      "reason": getattr(report, "wasxfail", None) or reason.replace("Skipped: ", "")})
             elif report.passed or report.failed:
                 self.counted += 1
+
+    def _record_verdict(self, report) -> None:
+        """The check's outcome in the report (``verdicts``), keyed by its id (the nodeid's
+        parameter part): what ``report diff`` compares and the summary counts."""
+        test = report.nodeid.partition("[")[2].rstrip("]") or report.nodeid
+        if report.when == "call" or report.skipped or report.failed:
+            if hasattr(report, "wasxfail"):
+                outcome = "xfailed" if report.skipped else "xpassed"
+            elif report.failed and report.when != "call":
+                outcome = "error"
+            else:
+                outcome = report.outcome
+            if self.verdicts.get(test) not in ("failed", "error"):  # a teardown error keeps the call's failure
+                self.verdicts[test] = outcome
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item):
@@ -382,8 +392,10 @@ class Session:
         import triton
         meta = {"backend": self.backend, "profile": self.profile, "device": device,
                 "torch": torch.__version__, "triton": triton.__version__, "tolerance": CONFIG.tolerance,
-                "shapes": CONFIG.shapes, "autotune_config": CONFIG.autotune_config}
-        self.report = report.build(CONFIG.report_dir, self.skipped, meta, limits=self._declared_limits())
+                "shapes": CONFIG.shapes, "autotune_config": CONFIG.autotune_config,
+                "shard": "{}/{}".format(*self.shard) if self.shard else None}
+        self.report = report.build(CONFIG.report_dir, self.skipped, meta, limits=self._declared_limits(),
+                                   verdicts=self.verdicts)
         report.write(CONFIG.report_dir, self.report)
         if self.user_implementations() and self.counted == 0 and exitstatus in (0, 5):
             # Every check of the user's implementation was skipped: nothing was verified.
@@ -411,6 +423,10 @@ class Session:
                 tr.write_line(line)
         if not data["outputs"] and not self.skipped and not data["statistical"]["tests"]:
             return
+        from tritoncheck.report_summary import summary_text
+        if summary_text(data):
+            tr.section("tritoncheck summary")
+            tr.write_line(summary_text(data))
         tr.section("tolerance report")
         if data["outputs"]:
             tr.write_line(report.table(data))

@@ -1,6 +1,6 @@
 """A pool of W processes joined in one torch.distributed group, to run distributed callables on.
 
-A distributed implementation (``properties/context_parallel.py``) runs on W ranks at
+A distributed op's implementation (``OpSpec.distributed``: ``cp_attention``) runs on W ranks at
 once: each gets its own inputs, they talk through ``torch.distributed`` (gloo on CPU,
 NCCL on GPUs, rank r on GPU r), and each returns its own outputs. Starting W processes
 (each importing torch and Triton) costs seconds, so one pool per (W, backend) lives as
@@ -32,9 +32,11 @@ CALL_TIMEOUT_S = 120  # one example on every rank; past it the call hung (a send
 GROUP_TIMEOUT_S = 60  # torch.distributed's own limit on a collective: a rank left waiting errors out
 
 
-class RankFailure(AssertionError):
+class RankFailure(RuntimeError):
     """A distributed call did not return on every rank: an exception (with the rank's
-    traceback), a rank that died, or one that hung. A check fails with it."""
+    traceback), a rank that died, or one that hung. A check fails with it, as with any
+    exception out of an implementation; it is not a check's assertion, so a planted bug
+    that makes a rank raise is not killed by it (tritoncheck/selfcheck.py)."""
 
 
 def _dumps(obj) -> bytes:

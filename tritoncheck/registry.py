@@ -13,6 +13,7 @@ says with attributes on the function; the suite skips those with the reason.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.machinery
 import inspect
@@ -26,8 +27,9 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from tritoncheck import declarations
+from tritoncheck import declarations, refusals
 from tritoncheck.bad_input import BadInput
+from tritoncheck.calling import Calling, signature_of
 from tritoncheck.declarations import ExpectedFailure
 from tritoncheck.large_problem import LargeProblem
 from tritoncheck.limits import Limits
@@ -47,6 +49,11 @@ class Check:
     a small probability, e.g. a binomial test of a dropout mask), that probability per
     example; None for checks that a correct implementation never fails. The report adds
     them up per test and per run (a union bound).
+    ``needs_arguments``: optional arguments the check passes whatever its cases drew
+    (``window_equivalences`` passes a window); ``needs_outputs``: outputs it cannot do
+    without (a key-split merge weighs blocks by their lse). An implementation whose
+    signature cannot take one, or which declares it does not return one, is not checked
+    by it (skipped with the reason; tritoncheck/calling.py).
     """
 
     name: str
@@ -54,6 +61,8 @@ class Check:
     cases: Callable[["OpSpec", torch.dtype], st.SearchStrategy[Case]] | None = None
     requires: Callable[["Implementation"], str | None] | None = None
     false_alarm: float | None = None
+    needs_arguments: tuple[str, ...] = ()
+    needs_outputs: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not self.name.isidentifier():
@@ -79,6 +88,18 @@ def _float64(v):
 
 
 @dataclass(frozen=True)
+class NotApplicable:
+    """A record's declared absence of a side check (``large_problem``, ``bad_input``) and
+    why: the record is complete with it, and the side check skips the op with the reason."""
+
+    reason: str
+
+    def __post_init__(self):
+        if not isinstance(self.reason, str) or not self.reason.strip():
+            raise ValueError("NotApplicable needs a reason: why the side check cannot apply to the op")
+
+
+@dataclass(frozen=True)
 class OpSpec:
     """Everything the suite knows about one op of the contract (``docs/contract.md``,
     generated from these records).
@@ -92,8 +113,14 @@ class OpSpec:
     ``controls`` (correct plain-PyTorch implementations, ``module:function``, that must pass
     every check), ``baseline`` (the same computation in plain PyTorch in the input dtype,
     ``(case, values, outs) -> outputs``, for ``--tolerance parity``), ``large_problem`` (its
-    input past 2**31 elements) and ``bad_input`` (invalid calls its wrapper must refuse).
-    tests/test_registry.py fails for an op that lacks any of them.
+    input past 2**31 elements) and ``bad_input`` (invalid calls its wrapper must refuse), or
+    :class:`NotApplicable` with the reason. tests/test_registry.py fails for an op that lacks any of them.
+
+    ``distributed``: the op's implementations run on ``CONFIG.world_size`` ranks at once
+    (``--cp-world-size``; tritoncheck/rank_pool.py), each rank a process of its own, called by
+    the op's checks rather than by ``Case.call``; the self-test hunts them in its own process
+    (the ranks already keep a planted bug's crash out of it, and a daemonic hunt child could
+    not start them).
     """
 
     name: str
@@ -118,8 +145,12 @@ class OpSpec:
     choices: Mapping[str, tuple] = field(default_factory=dict)
     controls: tuple[str, ...] = ()
     baseline: Callable[[Case, Mapping[str, Any], Mapping[str, torch.Tensor]], Any] | None = None
-    large_problem: LargeProblem | None = None
-    bad_input: BadInput | None = None
+    large_problem: LargeProblem | NotApplicable | None = None
+    bad_input: BadInput | NotApplicable | None = None
+    distributed: bool = False
+    # layouts an implementation may declare (``fn.layout``) besides the contract's: name ->
+    # {tensor (argument or output): the contract's axes in the order the implementation has them}
+    layouts: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.name.isidentifier():
@@ -152,15 +183,31 @@ class OpSpec:
             raise ValueError(f"OpSpec {self.name!r}: controls must be 'module:function' strings, got {bad}")
         if self.baseline is not None and not callable(self.baseline):
             raise TypeError(f"OpSpec {self.name!r}: baseline must be callable")
+        if not isinstance(self.distributed, bool):
+            raise TypeError(f"OpSpec {self.name!r}: distributed must be a bool")
+        for name, kind in (("large_problem", LargeProblem), ("bad_input", BadInput)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (kind, NotApplicable)):
+                raise TypeError(f"OpSpec {self.name!r}: {name} must be a {kind.__name__} or NotApplicable(reason), "
+                                f"got {type(value).__name__}")
+        for check in self.checks:
+            if not set(check.needs_arguments) <= set(self.arguments) or not set(check.needs_outputs) <= set(
+                    self.outputs):
+                raise ValueError(f"OpSpec {self.name!r}: check {check.name!r} needs arguments or outputs the op "
+                                 "does not have")
+        for layout, axes in self.layouts.items():
+            unknown = set(axes) - set(self.tensor_arguments) - set(self.outputs)
+            if unknown:
+                raise ValueError(f"OpSpec {self.name!r}: layout {layout!r} permutes {sorted(unknown)}, not tensors")
         self._check_large_problem()
-        if self.bad_input is not None:
+        if isinstance(self.bad_input, BadInput):
             unknown = {s.argument for s in self.bad_input.spoilers} - set(self.arguments)
             if unknown:
                 raise ValueError(f"OpSpec {self.name!r}: bad_input spoils {sorted(unknown)}, not arguments")
 
     def _check_large_problem(self) -> None:
         problem = self.large_problem
-        if problem is None:
+        if not isinstance(problem, LargeProblem):
             return
         if not set(problem.sliced) <= set(self.tensor_arguments):
             raise ValueError(f"OpSpec {self.name!r}: large_problem slices {problem.sliced}, not all tensor arguments")
@@ -227,6 +274,7 @@ class Implementation:
     expected_failures: tuple[ExpectedFailure, ...] = ()
     target: str | None = None  # "module:function", for replay commands
     limits: Limits = field(default_factory=Limits)
+    calling: Calling | None = None  # None: the contract's own (every argument, positionally)
 
     def __post_init__(self):
         if not callable(self.fn):
@@ -246,13 +294,43 @@ class Implementation:
         name = name or getattr(fn, "__name__", None) or getattr(fn, "name", "impl")
         owner = target or _target_of(fn) or name
         declarations.check_attributes(fn, owner)
+        calling = _calling(spec, fn, owner)
+        limits = Limits.parse(spec, getattr(fn, "limits", None), owner)
+        # what the signature cannot take is never drawn; the declared layout's tensors are
+        # contiguous where the function sees them contiguous
+        limits = dataclasses.replace(limits, fixed=calling.fixed(), orders=calling.storage_orders())
         return cls(op=op, name=name, fn=fn, kind=kind,
                    dtypes=declarations.dtypes(spec, getattr(fn, "dtypes", None), owner),
                    supports_backward=getattr(fn, "supports_backward", True),
                    expected_failures=declarations.expected_failures(spec, getattr(fn, "expected_failures", None),
                                                                     owner),
-                   limits=Limits.parse(spec, getattr(fn, "limits", None), owner),
-                   target=target or _target_of(fn))
+                   limits=limits, target=target or _target_of(fn), calling=calling)
+
+    @property
+    def returns(self) -> tuple[str, ...]:
+        return self.calling.returns if self.calling is not None else OPS[self.op].outputs
+
+    def not_applicable(self, check: Check) -> str | None:
+        """Why ``check`` cannot check this implementation (an argument its signature cannot
+        take, an output it does not return), or None."""
+        if self.calling is None:
+            return None
+        return self.calling.lacks(check.needs_arguments) or self.calling.missing_outputs(check.needs_outputs)
+
+    def call(self, values: Mapping[str, Any], passed: tuple[str, ...], extra: Mapping[str, Any] | None = None):
+        """The function on ``values``, passing the contract arguments ``passed`` (the others
+        keep its defaults) and ``extra`` keywords, as its calling convention says; a refusal
+        (tritoncheck/refusals.py) comes out as ``Refused``. The raw result."""
+        if self.calling is None:
+            return refusals.call(self.fn, [values[a] for a in passed], dict(extra or {}))
+        args, kwargs = self.calling.call_arguments(values, passed)
+        return refusals.call(self.fn, args, {**kwargs, **(extra or {})})
+
+    def outputs(self, result) -> dict[str, torch.Tensor]:
+        """The outputs of a call, named (and in the contract's layout)."""
+        if self.calling is None:
+            return OPS[self.op].unpack(result)
+        return self.calling.outputs(result)
 
     def expected_failure(self, check: str, dtype: torch.dtype) -> ExpectedFailure | None:
         """The declared expected failure of ``check`` in ``dtype`` on this run's backend."""
@@ -263,6 +341,17 @@ class Implementation:
         if self.dtypes is not None and dtype not in self.dtypes:
             return f"{self.name} declares dtypes {[str(d).replace('torch.', '') for d in self.dtypes]}"
         return None
+
+
+def _calling(spec: OpSpec, fn: Callable, owner: str) -> Calling:
+    """``fn``'s calling convention: its signature and its declared ``argument_names``,
+    ``layout`` and ``returns``, validated."""
+    sig = signature_of(fn)
+    params = None if sig is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()) \
+        else sig.parameters
+    names = declarations.argument_names(spec, getattr(fn, "argument_names", None), owner, params)
+    return Calling.of(spec, fn, names=names, layout=declarations.layout(spec, getattr(fn, "layout", None), owner),
+                      returns=declarations.returns(spec, getattr(fn, "returns", None), owner))
 
 
 def _target_of(fn: Callable) -> str | None:

@@ -8,7 +8,6 @@ prints a compact table at the end of the run.
 """
 from __future__ import annotations
 
-import html
 import json
 import math
 import os
@@ -18,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-SCHEMA_VERSION = 3
+from tritoncheck.report_summary import headroom_cell, output_figures, summary_markdown, ulp_cell
+
+SCHEMA_VERSION = 4
 
 
 class Collector:
@@ -35,12 +36,17 @@ class Collector:
         self.seconds: dict[str, list[float]] = defaultdict(list)  # test id -> each example's duration, in order
         # test id -> output -> [examples that compared it, of which mostly vacuous]
         self.vacuity: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+        self.coverage: dict[str, dict] = {}  # test id -> what its counted examples drew (tritoncheck/coverage.py)
 
-    def count(self, target, invalid: bool = False, refused: bool = False, seconds: float | None = None) -> None:
+    def count(self, target, invalid: bool = False, refused: bool = False, seconds: float | None = None,
+              case=None) -> None:
         self.examples[target.id] += 1
         self.invalid[target.id] += int(invalid)
         if seconds is not None:
             self.seconds[target.id].append(seconds)
+        if case is not None and not invalid and not refused:
+            from tritoncheck import coverage
+            coverage.record(self.coverage.setdefault(target.id, {}), case)
 
     def refuse(self, target, message: str, declared: bool = True, traceback_text: str | None = None) -> None:
         self.refused[target.id][message] += 1
@@ -74,6 +80,9 @@ class Collector:
             tally[1] += int(c.mostly_vacuous)
             if not (rows and row):
                 return
+            baseline = parity.baseline_max_abs if parity is not None else None
+            at_scale = ulps_at_scale(c.max_abs, c.scale, c.dtype)
+            torch_ulps = None if baseline is None else ulps_at_scale(baseline, c.scale, c.dtype)
             self.rows.append({
                 "op": target.op.name, "impl": target.impl.name, "dtype": str(target.dtype).replace("torch.", ""),
                 "backend": backend.current(), "check": target.check.name, "output": c.output,
@@ -85,6 +94,13 @@ class Collector:
                 "parity_ratio": parity.ratio if parity is not None else None,
                 "counted": c.counted, "vacuous": c.vacuous, "mostly_vacuous": c.mostly_vacuous,
                 "uncheckable": c.uncheckable,
+                # the figures the tables show (docs/report-schema.md): finite wherever the output is
+                "ulp_at_scale": at_scale, "rel_counted": c.max_rel_counted, "baseline_ulp_at_scale": torch_ulps,
+                # PyTorch's error below TORCH_EXACT_ULP is no error at the output's scale: no ratio there
+                "torch_exact": torch_ulps is not None and torch_ulps < TORCH_EXACT_ULP,
+                "parity_ratio_finite": parity.ratio if torch_ulps is not None and torch_ulps >= TORCH_EXACT_ULP
+                else None,
+                "example": self.examples[target.id],  # its index in the test: rows sort by (test, example)
             })
         return record
 
@@ -95,7 +111,29 @@ class Collector:
         (folder / f"{name}.json").write_text(json.dumps({"rows": self.rows, "examples": self.examples,
                                                            "invalid": self.invalid, "refused": self.refused,
                                                            "undeclared": self.undeclared,
-                                                           "seconds": self.seconds, "gpu": gpu}))
+                                                           "seconds": self.seconds, "gpu": gpu,
+                                                           "coverage": self.coverage}))
+
+
+# PyTorch's error below this many ulps of the output dtype at the output's scale counts as
+# exact: it is below the resolution at which the output is read (its small elements have
+# finer ulps, and an error of 1e-60 on an expected 1e-59 that fp32 flushes is no error at
+# the output's scale of 1), and a ratio against it (1.5e58 seen) says nothing actionable.
+TORCH_EXACT_ULP = 1e-2
+
+
+def ulps_at_scale(max_abs: float, scale: float, dtype) -> float:
+    """The largest error in ulps of the output dtype at the output's scale (its largest
+    |expected|, per tensor): what a kernel loses against the output's own rounding, finite
+    wherever the error is. Below the vacuity floors (tritoncheck/oracle.py FLOOR_MULTIPLE
+    underflow floors) the scale is taken at that floor: an output that is all zeros or
+    all underflow measures its error against the smallest scale that counts."""
+    from tritoncheck import tolerance
+    from tritoncheck.oracle import FLOOR_MULTIPLE
+    if not dtype.is_floating_point:
+        return 0.0
+    at = max(scale, FLOOR_MULTIPLE * tolerance.underflow_floor(dtype))
+    return max_abs / float(tolerance.ulp(np.array([at]), dtype)[0])
 
 
 def _finite(values):
@@ -130,6 +168,7 @@ def summarise(rows: list[dict]) -> list[dict]:
             "points": [[r["numel"], r["max_rel"], r["headroom"]] for r in rs],
             "parity_ratio_at_worst": worst.get("parity_ratio"), "baseline_at_worst": worst.get("baseline_max_abs"),
             **_parity_summary(rs),
+            **output_figures(rs),
         })
     return out
 
@@ -154,7 +193,7 @@ def vacuous_where(rows: list[dict], top: int = 3) -> list[dict]:
     tally: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for r in rows:
         if r["vacuous"]:
-            t = tally[regime(r["case"])]
+            t = tally[r["regime"] if "regime" in r else regime(r["case"])]
             t[0] += r["vacuous"]
             t[1] += 1
     ranked = sorted(tally.items(), key=lambda kv: -kv[1][0])[:top]
@@ -173,7 +212,7 @@ def _parity_summary(rows: list[dict]) -> dict:
 
 
 def merge(folder: Path) -> dict:
-    rows, examples, invalid, seconds, gpu = [], defaultdict(int), defaultdict(int), {}, {}
+    rows, examples, invalid, seconds, gpu, covered = [], defaultdict(int), defaultdict(int), {}, {}, {}
     refused: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     undeclared: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for part in sorted((folder / "parts").glob("*.json")):
@@ -189,12 +228,14 @@ def merge(folder: Path) -> dict:
         for k, messages in data.get("undeclared", {}).items():
             for msg, n in messages.items():
                 undeclared[k][msg] += n
+        covered.update(data.get("coverage", {}))  # a test runs in one process: its tally is in one part
         seconds.update(data.get("seconds", {}))  # a test runs in one process: its durations are in one part
         if data.get("gpu") is not None:  # the process's GPU ran every test of its part
             gpu.update({test: data["gpu"] for test in data["examples"]})
     return {"rows": rows, "examples": dict(examples), "invalid": dict(invalid),
             "refused": {k: dict(v) for k, v in refused.items()},
-            "undeclared": {k: dict(v) for k, v in undeclared.items()}, "seconds": seconds, "gpu": gpu}
+            "undeclared": {k: dict(v) for k, v in undeclared.items()}, "seconds": seconds, "gpu": gpu,
+            "coverage": covered}
 
 
 def timings(seconds: dict[str, list[float]]) -> dict[str, dict]:
@@ -253,25 +294,86 @@ def statistical_line(report: dict) -> str:
             f"{worst[1]['examples']} x {worst[1]['rate']:.0e} = {worst[1]['bound']:.2g})")
 
 
-def build(folder: Path, skipped: list[dict], meta: dict, limits: dict | None = None) -> dict:
+def build(folder: Path, skipped: list[dict], meta: dict, limits: dict | None = None,
+          verdicts: dict[str, str] | None = None) -> dict:
+    """The report of a run from its processes' parts; ``verdicts``: test id -> outcome."""
     merged = merge(folder)
-    return {
+    return assemble(merged["rows"], {"examples": merged["examples"], "invalid": merged["invalid"],
+                                     "refused": merged["refused"], "undeclared": merged["undeclared"]},
+                    meta=meta, skipped=skipped, limits=limits or {}, verdicts=verdicts or {},
+                    coverage=merged["coverage"], timing=timings(merged["seconds"]), gpu=merged["gpu"])
+
+
+def row_order(row: dict) -> tuple:
+    """Rows in (test, example) order, whatever order processes or shards ran the tests in:
+    the figures that depend on row order (points, ties of the worst case) are then the same
+    for a run split over shards and merged (tritoncheck/report_shards.py)."""
+    return (f"{row['op']}-{row['impl']}-{row['dtype']}-{row['check']}", row["backend"], row.get("example", 0))
+
+
+def slim(rows: list[dict]) -> list[dict]:
+    """The rows with their input regime (:func:`regime`), and the whole case only where a
+    figure of the report names it: per test and output, the example closest to failing,
+    the passing one with the most ulps and the first whose expected output was all zeros
+    (tritoncheck/report_summary.py notes). Whatever a run's shards, each test's rows come
+    from one process, so the cases kept, and so the report, are the same."""
+    keep: dict[tuple, dict[str, int]] = defaultdict(dict)
+    # as summarise and report_summary.notes_for rank them: a non-finite headroom is the worst
+    headroom = [r["headroom"] if math.isfinite(r["headroom"]) else 1e300 for r in rows]
+    for i, r in enumerate(rows):
+        if "case" not in r:
+            continue
+        k = keep[(row_order(r)[:2], r["output"])]
+        if "worst" not in k or headroom[i] > headroom[k["worst"]]:
+            k["worst"] = i
+        u = r.get("ulp_at_scale")
+        if r["passed"] and u is not None and math.isfinite(u) and ("ulp" not in k or u > rows[k["ulp"]]["ulp_at_scale"]):
+            k["ulp"] = i
+        if r.get("scale", 1.0) == 0 and r["max_abs"] > 0:
+            k.setdefault("zero", i)
+    named = {i for k in keep.values() for i in k.values()}
+    out = []
+    for i, r in enumerate(rows):
+        r = dict(r)
+        if "case" in r:
+            r["regime"] = regime(r["case"])
+            if i not in named:
+                del r["case"]
+        out.append(r)
+    return out
+
+
+def assemble(rows: list[dict], per_test: dict, *, meta: dict, skipped: list[dict], limits: dict,
+             verdicts: dict[str, str], coverage: dict, timing: dict, gpu: dict) -> dict:
+    """The report from its raw records: the recorded comparisons (``rows``), the per-test
+    counts (``per_test``: examples, invalid, refused, undeclared), the verdicts and the
+    coverage tallies. A run and the merge of its shards both come through here."""
+    from tritoncheck import report_summary
+    rows = slim(sorted(rows, key=row_order))  # stable: one example's outputs keep their recorded order
+    examples, invalid = per_test["examples"], per_test["invalid"]
+    refused, undeclared = per_test["refused"], per_test["undeclared"]
+    report = {
         "schema_version": SCHEMA_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "meta": meta,
-        "outputs": summarise(merged["rows"]),
-        "examples_per_test": merged["examples"],
-        "invalid_per_test": merged["invalid"],
-        "refusals_per_test": merged["refused"],
-        "undeclared_refusals_per_test": merged["undeclared"],
-        "refusals_per_op_dtype": refusals_per_op_dtype(merged["examples"], merged["refused"], merged["undeclared"]),
-        "limits": limits or {},
-        "vacuous_per_test": _vacuous_per_test(merged["rows"]),
-        "timing_per_test": timings(merged["seconds"]),
-        "gpu_per_test": merged["gpu"],
-        "statistical": statistical(merged["examples"], merged["invalid"]),
-        "skipped": skipped,
+        "outputs": summarise(rows),
+        "verdicts": dict(sorted(verdicts.items())),
+        "coverage_per_test": dict(sorted(coverage.items())),
+        "examples_per_test": dict(sorted(examples.items())),
+        "invalid_per_test": dict(sorted(invalid.items())),
+        "refusals_per_test": dict(sorted(refused.items())),
+        "undeclared_refusals_per_test": dict(sorted(undeclared.items())),
+        "refusals_per_op_dtype": refusals_per_op_dtype(examples, refused, undeclared),
+        "limits": limits,
+        "vacuous_per_test": _vacuous_per_test(rows),
+        "timing_per_test": timing,
+        "gpu_per_test": gpu,
+        "statistical": statistical(examples, invalid),
+        "skipped": sorted(skipped, key=lambda s: s["test"]),
+        "rows": rows,
     }
+    report["summary"] = report_summary.summary(report)
+    return report
 
 
 def _fmt(v, spec=".2e"):
@@ -282,19 +384,54 @@ def _fmt(v, spec=".2e"):
     return format(v, spec)
 
 
-def table(report: dict) -> str:
-    """The compact table printed at the end of a run."""
-    head = (f"{'op':<28} {'impl':<14} {'dtype':<9} {'output':<7} {'n':>5} {'max abs':>9} {'max rel':>9} "
-            f"{'max ulp':>9} {'headroom':>9} {'vs torch':>9} {'vacuous':>11}")
-    lines = [head, "-" * len(head)]
+def _torch_cell(o: dict) -> str:
+    """The kernel's max |error| / PyTorch's over the examples where PyTorch's was nonzero
+    (median, max); 'exact' where PyTorch never erred; '-' without a yardstick."""
+    if o.get("max_parity_ratio_finite") is not None:
+        exact = f", torch exact in {o['torch_exact_examples']}" if o.get("torch_exact_examples") else ""
+        return f"{o['p50_parity_ratio']:.3g}x / {o['max_parity_ratio_finite']:.3g}x{exact}"
+    return "exact" if o.get("torch_exact_examples") else "-"
+
+
+def _rel_cell(o: dict) -> str:
+    v = o.get("max_rel_counted")
+    return "-" if v is None else ulp_cell(v) if not math.isfinite(v) else f"{v:.3g}"
+
+
+def output_cells(report: dict) -> list[list[str]]:
+    """Per output: the finite figures the tables show (docs/report-schema.md), and the
+    numbers of its notes (listed under the table)."""
+    cells, n = [], 0
     for o in report["outputs"]:
-        lines.append(f"{o['op']:<28} {o['impl'][:14]:<14} {o['dtype']:<9} {o['output'][:7]:<7} {o['examples']:>5} "
-                     f"{_fmt(o['max_abs']):>9} {_fmt(o['max_rel']):>9} {_fmt(o['max_ulp'], '.3g'):>9} "
-                     f"{_fmt(o['max_headroom'], '.3f'):>9} {_fmt(o.get('parity_ratio_at_worst'), '.3g'):>9} "
-                     f"{_vacuous(o):>11}")
-    lines.append("vs torch: the kernel's max |error| / plain PyTorch's in the input dtype on the example closest to "
-                 "failing ('-': PyTorch could not run there); the largest such ratio is in the report")
-    return "\n".join(lines)
+        refs = []
+        for _ in o.get("notes", []):
+            n += 1
+            refs.append(f"[{n}]")
+        cells.append([o["op"], o["impl"], o["dtype"], o["output"], str(o["examples"]), str(o["failed"]),
+                      ulp_cell(o.get("max_ulp_at_scale")), ulp_cell(o.get("p50_ulp_at_scale")), _rel_cell(o),
+                      headroom_cell(o["max_headroom"]), _torch_cell(o), _vacuous(o), " ".join(refs)])
+    return cells
+
+
+OUTPUT_COLUMNS = ("op", "impl", "dtype", "output", "examples", "failed", "max ulp", "p50 ulp", "max rel",
+                  "headroom", "vs torch p50/max", "vacuous", "note")
+
+
+def notes(report: dict) -> list[str]:
+    return [f"[{i}] {text}" for i, text in enumerate((t for o in report["outputs"] for t in o.get("notes", [])), 1)]
+
+
+def table(report: dict) -> str:
+    """The per-output table printed at the end of a run, under the summary."""
+    rows = [list(OUTPUT_COLUMNS)] + output_cells(report)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(OUTPUT_COLUMNS))]
+    lines = ["  ".join(c.rjust(w) if 4 <= i <= 11 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+             for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.append("ulp: largest |error| in ulps of the output dtype at the output's scale (per tensor), max and median "
+                 "over examples; rel: over the elements where it is defined; vs torch: kernel / PyTorch error where "
+                 "PyTorch's is nonzero. docs/report-schema.md")
+    return "\n".join(lines + notes(report))
 
 
 def refusals_per_op_dtype(examples: dict[str, int], refused: dict[str, dict[str, int]],
@@ -406,13 +543,18 @@ def _examples_line(report: dict) -> str:
             f"(assume), {refused} refused by the implementation; the most discarded: {most}.")
 
 
-def _parity_cell(o: dict) -> str:
-    """'ratio (PyTorch's error)' on the closest case; then the largest ratio over the examples."""
-    if o.get("max_parity_ratio") is None:
-        return "-"
-    at_worst = "-" if o.get("parity_ratio_at_worst") is None else \
-        f"{_fmt(o['parity_ratio_at_worst'], '.3g')} ({_fmt(o.get('baseline_at_worst'))})"
-    return f"{at_worst}; max {_fmt(o['max_parity_ratio'], '.3g')} ({_fmt(o.get('baseline_at_max_ratio'))})"
+def coverage_section(report: dict) -> list[str]:
+    """Markdown: what each check's counted examples drew (``coverage_per_test``), so a green
+    check that never went past a few hundred rows shows as such."""
+    from tritoncheck.coverage import largest_line
+    cov = report.get("coverage_per_test") or {}
+    if not cov:
+        return []
+    lines = ["", "## What each check's examples reached", "",
+             "| check | counted examples | largest input | layouts | dtypes | value families |", "|---|---:|---|---|---|---|"]
+    lines += [f"| `{test}` | {t.get('examples', 0)} | {largest_line(t)} | {', '.join(t.get('layouts', []))} | "
+              f"{', '.join(t.get('dtypes', []))} | {', '.join(t.get('families', []))} |" for test, t in cov.items()]
+    return lines
 
 
 def _slowest_first_examples(report: dict, count: int = 15) -> list[tuple[str, dict]]:
@@ -431,24 +573,25 @@ def timing_line(report: dict) -> str | None:
 
 def markdown(report: dict) -> str:
     m = report["meta"]
-    lines = ["# Tolerance report", "",
+    lines = ["# Tolerance report", "", summary_markdown(report), "## Outputs", "",
              f"Backend `{m.get('backend')}`, profile `{m.get('profile')}`, device {m.get('device')}, "
              f"{report['created']}. Headroom is the largest error divided by its allowance (<= 1 passes). "
              f"Tolerance mode `{m.get('tolerance', 'derived')}`"
              + (f"; shape pool `--shapes {m['shapes']}`" if m.get("shapes") else "")
              + (f"; autotuned kernels pinned to config {m['autotune_config']}" if m.get("autotune_config") is not None
                 else "") + "; vs torch is the ratio of the kernel's max "
-             "|error| to plain PyTorch's in the input dtype on the same input (PyTorch's error in brackets): on "
-             "the example closest to failing, then the largest over the examples. Vacuous: elements whose allowance "
-             "reached |expected| (0 would have passed) / examples in which most elements did.", "",
+             "|error| to plain PyTorch's in the input dtype on the same input, over the examples where PyTorch's "
+             "error was nonzero (median / max; 'exact': PyTorch never erred). ulp: the largest |error| in ulps of "
+             "the output dtype at the output's scale (per tensor), max and median over examples; rel: max |error| / "
+             "|expected| over the elements where it is defined (docs/report-schema.md). Vacuous: elements whose "
+             "allowance reached |expected| (0 would have passed) / examples in which most elements did.", "",
              *(["## Refusals per op and dtype", "", *(f"- {line}" for line in refusal_lines(report)), "",
                 "## Tolerances", ""] if refusal_lines(report) else []),
-             "| op | impl | dtype | output | examples | max abs | p99 abs | max rel | max ULP | headroom | vs torch | vacuous |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for o in report["outputs"]:
-        lines.append(f"| {o['op']} | {o['impl']} | {o['dtype']} | {o['output']} | {o['examples']} | "
-                     f"{_fmt(o['max_abs'])} | {_fmt(o['p99_abs'])} | {_fmt(o['max_rel'])} | "
-                     f"{_fmt(o['max_ulp'], '.3g')} | {_fmt(o['max_headroom'], '.3f')} | {_parity_cell(o)} | {_vacuous(o)} |")
+             "| " + " | ".join(OUTPUT_COLUMNS) + " |", "|---|---|---|---|" + "---:|" * 8 + "---|"]
+    lines += ["| " + " | ".join(row) + " |" for row in output_cells(report)]
+    if notes(report):
+        lines += ["", *(f"- {n}" for n in notes(report))]
+    lines += coverage_section(report)
     lines += ["", "## Vacuous elements", "", _vacuity_line(report)]
     lines += ["", "## Examples run (Hypothesis)", "", _examples_line(report)]
     lines += ["", "## False alarms", "", (statistical_line(report) or "no statistical check ran") + ";",
@@ -477,41 +620,17 @@ def markdown(report: dict) -> str:
 
 
 def html_page(report: dict) -> str:
-    """One self-contained page: the table, error vs problem size per dtype, headroom per op."""
-    esc = html.escape
-    rows = "".join(
-        f"<tr><td>{esc(o['op'])}</td><td>{esc(o['impl'])}</td><td>{o['dtype']}</td><td>{esc(o['output'])}</td>"
-        f"<td>{o['examples']}</td><td>{_fmt(o['max_abs'])}</td><td>{_fmt(o['max_rel'])}</td>"
-        f"<td>{_fmt(o['max_ulp'], '.3g')}</td><td>{_fmt(o['max_headroom'], '.3f')}</td>"
-        f"<td>{esc(_parity_cell(o))}</td><td>{_vacuous(o)}</td></tr>"
-        for o in report["outputs"])
-    data = json.dumps([{"label": f"{o['op']}/{o['impl']}/{o['output']}", "dtype": o["dtype"], "points": o["points"],
-                        "headroom": o["max_headroom"] if math.isfinite(o["max_headroom"]) else 1e9}
-                       for o in report["outputs"]])
-    m = report["meta"]
-    return _HTML.replace("{{TITLE}}", esc(f"Tolerance report: {m.get('backend')}, {m.get('device')}")) \
-        .replace("{{META}}", esc(json.dumps(m))) \
-        .replace("{{REFUSALS}}", ("<h2>Refusals per op and dtype</h2><ul>" + "".join(
-            f"<li>{esc(line)}</li>" for line in refusal_lines(report)) + "</ul>") if refusal_lines(report) else "") \
-        .replace("{{ROWS}}", rows).replace("{{DATA}}", data) \
-        .replace("{{EXAMPLES}}", esc(_examples_line(report)).replace("`", "")
-                 + (f"<pre>{esc(discard_table(report))}</pre>" if discard_rows(report) else "")
-                 + "".join(f"<p>limits of <code>{esc(k)}</code>: {esc(v)}</p>"
-                           for k, v in sorted(report.get("limits", {}).items()))
-                 + f"<p>False alarms: {esc(statistical_line(report) or 'no statistical check ran')}; "
-                 f"{esc((report.get('statistical') or {}).get('rounding', ROUNDING_NOTE))}.</p>") \
-        .replace("{{TIMING}}", "".join(
-            f"<tr><td>{esc(t)}</td><td>{v['examples']}</td><td>{v['first_s']:.2f}</td>"
-            f"<td>{_fmt(v['median_rest_s'], '.3f')}</td><td>{v['total_s']:.1f}</td></tr>"
-            for t, v in _slowest_first_examples(report))) \
-        .replace("{{VACUITY}}", esc(_vacuity_line(report))) \
-        .replace("{{SKIPPED}}", "".join(f"<li><code>{esc(s['test'])}</code> {esc(s['outcome'])}: {esc(s['reason'])}</li>"
-                                        for s in report["skipped"]))
+    """The self-contained HTML page (tritoncheck/report_html.py)."""
+    from tritoncheck.report_html import page
+    return page(report)
 
 
 def write(folder: Path, report: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "report.json").write_text(json.dumps(report, indent=1))
+    # one recorded row a line: a gpu run records thousands, which indent would spread over 30 lines each
+    head = json.dumps({k: v for k, v in report.items() if k != "rows"}, indent=1)
+    rows = ",\n".join(json.dumps(r) for r in report.get("rows", []))
+    (folder / "report.json").write_text(f'{head[:-2]},\n "rows": [\n{rows}\n ]\n}}\n')
     (folder / "report.md").write_text(markdown(report))
     (folder / "report.html").write_text(html_page(report))
 
@@ -521,62 +640,3 @@ def clear_parts(folder: Path) -> None:
     if parts.is_dir():
         for p in parts.glob("*.json"):
             os.unlink(p)
-
-
-_HTML = """<!doctype html><html><head><meta charset="utf-8"><title>{{TITLE}}</title>
-<style>body{font:14px system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse}
-td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:nth-child(-n+4){text-align:left}
-canvas{border:1px solid #ddd;margin:8px 16px 8px 0}.legend span{margin-right:14px}</style></head><body>
-<h1>{{TITLE}}</h1><p><small>{{META}}</small></p>
-{{REFUSALS}}
-<h2>Headroom per output (largest error / allowed: above 1 fails; exact outputs, 0, draw no bar)</h2>
-<p class="legend"><span style="color:#1f77b4">&#9632; float32</span><span style="color:#d62728">&#9632; float16</span>
-<span style="color:#2ca02c">&#9632; bfloat16</span><span>&#9632; black: failed</span></p>
-<canvas id="bars" width="900" height="420"></canvas>
-<h2>Relative error against problem size, per dtype</h2><div id="scatter"></div>
-<h2>All outputs</h2><table><tr><th>op</th><th>impl</th><th>dtype</th><th>output</th><th>examples</th>
-<th>max abs</th><th>max rel</th><th>max ULP</th><th>headroom</th><th>vs torch (torch's error)</th><th>vacuous</th></tr>{{ROWS}}</table>
-<h2>Vacuous elements</h2><p>{{VACUITY}}</p>
-<h2>Examples run (Hypothesis)</h2><div>{{EXAMPLES}}</div>
-<h2>Compile and autotune time (first example vs the median of the others)</h2>
-<table><tr><th>test</th><th>examples</th><th>first (s)</th><th>median of the others (s)</th><th>total (s)</th></tr>
-{{TIMING}}</table>
-<h2>Skipped and expected failures</h2><ul>{{SKIPPED}}</ul>
-<script>
-const data = {{DATA}};
-const colors = {float32:"#1f77b4", float16:"#d62728", bfloat16:"#2ca02c"};
-function log10(v){return Math.log(v)/Math.LN10}
-(function bars(){
-  const c=document.getElementById("bars"), g=c.getContext("2d"), n=data.length; if(!n) return;
-  const bw=Math.min(40, Math.max(14, 1100/n)); c.width=n*bw+200; const W=n*bw, H=240, x0=50, y0=20;
-  const lo=-6, hi=1; const y=v=>y0+H-(Math.min(Math.max(log10(Math.max(v,1e-6)),lo),hi)-lo)/(hi-lo)*H;
-  g.font="10px sans-serif"; g.strokeStyle="#999";
-  for(let e=lo;e<=hi;e++){g.fillText("1e"+e,4,y(Math.pow(10,e))+3); g.beginPath(); g.moveTo(x0,y(Math.pow(10,e))); g.lineTo(x0+W,y(Math.pow(10,e))); g.stroke();}
-  g.strokeStyle="#000"; g.beginPath(); g.moveTo(x0,y(1)); g.lineTo(x0+W,y(1)); g.stroke();
-  data.forEach((d,i)=>{g.fillStyle=d.headroom>1?"#000":colors[d.dtype]||"#888"; const top=y(d.headroom);
-    g.fillRect(x0+i*bw+2, top, bw-4, y0+H-top);
-    g.save(); g.translate(x0+i*bw+bw/2, y0+H+6); g.rotate(Math.PI/3); g.fillStyle="#333"; g.fillText(d.label+" "+d.dtype,0,0); g.restore();});
-})();
-(function scatter(){
-  const host=document.getElementById("scatter");
-  const dtypes=[...new Set(data.map(d=>d.dtype))];
-  dtypes.forEach(dt=>{
-    const c=document.createElement("canvas"); c.width=420; c.height=300; host.appendChild(c);
-    const g=c.getContext("2d"); const pts=[];
-    data.filter(d=>d.dtype===dt).forEach(d=>d.points.forEach(p=>{if(p[1]>0&&isFinite(p[1])) pts.push([p[0],p[1]])}));
-    const x0=50,y0=20,W=350,H=230;
-    g.font="11px sans-serif"; g.fillText(dt+": max relative error vs elements", x0, 12);
-    if(!pts.length){g.fillText("no nonzero errors", x0+20, y0+40); return;}
-    const xs=pts.map(p=>log10(p[0])), ys=pts.map(p=>log10(p[1]));
-    const xl=Math.floor(Math.min(...xs)), xh=Math.ceil(Math.max(...xs))||1, yl=Math.floor(Math.min(...ys)), yh=Math.ceil(Math.max(...ys));
-    const X=v=>x0+(v-xl)/Math.max(xh-xl,1)*W, Y=v=>y0+H-(v-yl)/Math.max(yh-yl,1)*H;
-    g.strokeStyle="#999"; g.strokeRect(x0,y0,W,H);
-    const step=Math.max(1, Math.ceil((yh-yl)/8));
-    for(let e=yl;e<=yh;e+=step) g.fillText("1e"+e,8,Y(e)+4);
-    for(let e=xl;e<=xh;e++) g.fillText("1e"+e,X(e)-10,y0+H+14);
-    g.fillStyle=colors[dt]||"#888";
-    pts.forEach((p,i)=>{g.beginPath(); g.arc(X(xs[i]),Y(ys[i]),2.5,0,7); g.fill();});
-  });
-})();
-</script></body></html>
-"""

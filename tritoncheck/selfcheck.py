@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, Phase, given, reject, seed, settings
 from hypothesis.errors import Unsatisfiable
 
 from tritoncheck import backend, registry, strategies
@@ -41,6 +41,9 @@ HUNT_EXAMPLES = 100
 # mixes literals of the loaded modules into its draws, so a stream is fixed per code version.
 HUNT_SEED = 20261123
 CONTROL_EXAMPLES = 4
+# Examples a hunt sets aside because the implementation crashed on them before it ends
+# as a crash (a planted bug that crashes everywhere costs this many examples, not 100).
+CRASHES_PER_HUNT = 10
 ISOLATED_TIMEOUT_S = 300  # one mutant hunt in one dtype: ~10 s on a CI core; longer is a hang
 
 
@@ -143,12 +146,15 @@ def runnable(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype)
 
 def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, examples: int,
          base_seed: int | None = None) -> Verdict:
-    """Run ``check`` on ``impl`` for up to ``examples`` cases; report the first failure.
-    The stream is seeded by ``base_seed`` (default HUNT_SEED) and what is hunted."""
+    """Run ``check`` on ``impl`` for up to ``examples`` cases; report the first failure of the
+    check's assertion. An example on which the implementation crashes (any other exception)
+    is set aside and the hunt goes on, up to CRASHES_PER_HUNT of them: a planted bug that
+    breaks part of the domain may still give wrong numbers on the rest, and only those kill
+    it. A hunt that ends without the assertion but with crashes is a crash verdict, naming
+    the first crash and its case. The stream is seeded by ``base_seed`` (default
+    HUNT_SEED) and what is hunted."""
     strategy = check.cases(op, dtype) if check.cases is not None else op.cases(dtype)
-
-    crashed_on = []  # an exception other than a check's AssertionError carries no case: keep it here
-
+    crashes: list[tuple[BaseException, str]] = []  # (exception, case) of the examples set aside
     base = HUNT_SEED if base_seed is None else base_seed
 
     def attempt(case):
@@ -156,16 +162,20 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
             with poisoned_allocations_for(impl.fn):  # as in a user's run (harness.Target.run)
                 check.run(case, impl)
         except InvalidAllowance:
-            crashed_on.append(case.describe())
-            raise
+            crashes.append((None, case.describe()))
+            raise  # a suite bug: the hunt stops
         except AssertionError as exc:
-            if not raised_by_check(exc):
-                crashed_on.append(case.describe())
-                raise
-            raise _CheckFailed(f"{exc}\non:\n{case.describe()}") from None
-        except Exception:
-            crashed_on.append(case.describe())
-            raise
+            if raised_by_check(exc):
+                raise _CheckFailed(f"{exc}\non:\n{case.describe()}") from None
+            _set_aside(exc, case)
+        except Exception as exc:  # noqa: BLE001 - a crash, whatever its type
+            _set_aside(exc, case)
+
+    def _set_aside(exc: BaseException, case) -> None:
+        crashes.append((exc, case.describe()))
+        if len(crashes) >= CRASHES_PER_HUNT:
+            raise exc
+        reject()
 
     @seed(zlib.crc32(f"{base}:{op.name}:{impl.name}:{check.name}:{dtype}".encode()))
     @_settings(examples)
@@ -189,7 +199,9 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
     except BaseException as exc:  # noqa: BLE001 - Hypothesis groups distinct failures; KeyboardInterrupt goes on
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        return _verdict_of_failure(exc, dtype, crashed_on)
+        return _verdict_of_failure(exc, dtype, [c for _, c in crashes])
+    if crashes:
+        return _verdict_of_failure(crashes[0][0], dtype, [crashes[0][1]])
     return Verdict(False, dtype, "")
 
 
@@ -386,8 +398,10 @@ def kill(m, check_name: str) -> Verdict:
         if runnable(op, impl, check, dtype):
             continue
         tried.append(str(dtype).replace("torch.", ""))
-        # the seed travels as an argument: a spawned child would import the module's default
-        verdict = isolated(_hunt_mutant, m.target, check_name, tried[-1], HUNT_EXAMPLES, HUNT_SEED)
+        # the seed travels as an argument: a spawned child would import the module's default.
+        # A distributed op's ranks are processes of their own already (OpSpec.distributed).
+        job = (_hunt_mutant, m.target, check_name, tried[-1], HUNT_EXAMPLES, HUNT_SEED)
+        verdict = _verdict_of(job[0], job[1:]) if op.distributed else isolated(*job)
         if verdict.killed or verdict.suite_bug:
             return verdict  # test_mutant_killed reports a suite bug
         if verdict.failed:

@@ -13,8 +13,9 @@ fla-core 0.6.0 (``pip install --no-deps fla-core==0.6.0 einops``). What each ada
 - fla has causal linear attention only (its kernels mask ``j <= i``; no bidirectional
   form): ``causal=False`` is refused with a ``ValueError`` and declared in ``limits``, so
   the suite draws causal cases only and skips ``last_causal_equals_bidirectional``.
-- Layout: fla takes ``[B, T, H, D]``, the contract ``[B, H, N, D]``: the adapter passes the
-  transposed views (fla's ``input_guard`` copies them contiguous) and transposes back.
+- Layout: fla takes ``[B, T, H, D]``, the contract ``[B, H, N, D]``: declared (``layout =
+  "bnhd"``), the suite passes and reads back that layout, strided views included (fla's
+  ``input_guard`` copies them contiguous).
 
 fla's kernels do not run under the Triton interpreter (3.9), which ``conftest.py`` selects
 without a GPU: its autotuner times configs through a GPU driver (``RuntimeError: 0 active
@@ -68,10 +69,9 @@ def _linear_attention(numerator_kernel, q, k, v, causal, eps):
         raise ValueError("fla's linear attention is causal only (no bidirectional form): causal must be True, "
                          f"got {causal!r}")
     _refuse_interpreter()
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, N, D] -> fla's [B, T, H, D]
     numerator, _ = numerator_kernel(q, k, v, scale=1.0, normalize=False)
     k_cum = chunk_global_cumsum(k, output_dtype=k.dtype)  # as fla's normalisation calls it
-    return normalise(numerator, q, k_cum, eps).transpose(1, 2)
+    return normalise(numerator, q, k_cum, eps)
 
 
 def linear_attention(q, k, v, causal=False, eps=1e-6):
@@ -94,3 +94,4 @@ for _fn in (linear_attention, chunk_linear_attention):
     _fn.dtypes = _DTYPES
     _fn.supports_backward = False  # the contract asks no gradient of linear_attention
     _fn.limits = {"values": {"causal": (True,)}}
+    _fn.layout = "bnhd"  # fla's [B, T, H, D]
