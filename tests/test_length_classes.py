@@ -80,7 +80,7 @@ def test_every_row_wide_test_draws_every_length_class(size, monkeypatch):
             assert n in _row_lengths(target.op, case), f"{target.id}: class {name} ({n}) drew {case.describe()}"
         ran += len(done)
     assert row_wide == set(REACHED[size]), row_wide
-    assert ran > 100
+    assert ran >= 3 * len(REACHED[size])  # every row-wide op ran its classes
 
 
 def _suite(tmp_path: Path, *impls: str) -> tuple[dict[str, str], str]:
