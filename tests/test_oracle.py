@@ -2,12 +2,14 @@
 and elements whose allowance would accept 0 are counted (and fail a test where they
 dominate). Also the two rules that used to be vacuous (softmax at large logits, the
 bf16 sums over rows of layer_norm's dweight/dbias)."""
+import contextlib
+
 import numpy as np
 import pytest
 import torch
 
-from tritoncheck import harness, registry, report
-from tritoncheck.oracle import InvalidAllowance, compare
+from tritoncheck import harness, registry, report, tolerance
+from tritoncheck.oracle import InvalidAllowance, allowance_mostly_vacuous, assert_close, compare, recording
 from tritoncheck.properties import norms_tolerance, softmax_tolerance
 from tritoncheck.references import softmax as softmax_ref
 from tritoncheck.tolerance import Precision
@@ -44,20 +46,56 @@ def test_vacuous_elements_are_counted_as_defined():
     e = np.array([1.0, 0.5, 0.0, 1e-40, 1e-9, 0.25, -0.5])
     allowed = np.array([1.0, 0.1, 1.0, 1.0, 1.0, 0.3, 0.6])
     c = compare("y", torch.zeros(7), e, allowed, dtype=torch.float32)
-    # 0.0 (exact zero), 1e-40 (below the fp32 underflow floor) and 1e-9 (below
-    # u(fp32) * max|expected| = 6e-8) are not counted; of the other four, 1.0 (allowed
-    # 1.0), 0.25 (0.3) and -0.5 (0.6) would accept 0, 0.5 (0.1) would not.
-    assert (c.counted, c.vacuous) == (4, 3) and c.mostly_vacuous
+    # 0.0 is exact (noise 0: not above it) and not counted; 1e-40 (below the fp32
+    # underflow floors) and 1e-9 (below u(fp32) * max|expected| = 6e-8) accept 0 but no
+    # rule could pin them down: not checkable, reported apart; of the other four, 1.0
+    # (allowed 1.0), 0.25 (0.3) and -0.5 (0.6) would accept 0, 0.5 (0.1) would not.
+    assert (c.counted, c.vacuous, c.uncheckable) == (4, 3, 2) and c.mostly_vacuous
     c = compare("y", torch.tensor(e), e, np.full(7, 1e-3), dtype=torch.float32)
-    assert (c.counted, c.vacuous, c.mostly_vacuous) == (4, 0, False)
+    assert (c.counted, c.vacuous, c.uncheckable, c.mostly_vacuous) == (4, 0, 2, False)
 
 
 def test_an_expected_value_that_is_zero_within_the_references_error_is_not_counted():
     # a constant upstream gradient: the exact softmax gradient is 0, the fp64 reference
     # leaves ~1e-17 noise, and an allowance of u(fp32)-size would "accept 0" there
     e = np.array([3e-17, -2e-17, 1e-17])
-    c = compare("dx", torch.zeros(3), e, np.full(3, 1e-7), dtype=torch.float32)
+    c = compare("dx", torch.zeros(3), e, np.full(3, 1e-7), dtype=torch.float32, noise=np.full(3, 1e-16))
     assert c.ok and (c.counted, c.vacuous) == (0, 0)
+
+
+def test_the_allowance_does_not_decide_what_is_counted():
+    # REFERENCE_RESOLUTION left out every element whose allowance exceeded 2^20 times its
+    # value: the most vacuous elements were never counted. Now an element above the
+    # reference's noise counts however loose its allowance, and is vacuous.
+    e = np.array([0.5, 0.7, 1.0])
+    c = compare("dx", torch.zeros(3), e, np.array([1e30, 1e30, 1e-9]), dtype=torch.bfloat16, noise=1e-19)
+    assert (c.counted, c.vacuous, c.uncheckable) == (3, 2, 0) and c.mostly_vacuous
+    assert allowance_mostly_vacuous(e, np.array([1e30, 1e30, 1e-9]), torch.bfloat16, noise=1e-19)
+    assert not allowance_mostly_vacuous(e, np.array([1e30, 1e30, 1e-9]), torch.bfloat16, noise=np.array([1.0, 1.0, 0.0]))
+
+
+def test_elements_a_rule_declares_unconstrained_are_reported_not_judged():
+    # the context-parallel merge where the blocks' weights are lost: its cap reaches |o|
+    e = np.array([1.0, 2.0, 3.0])
+    c = compare("o", torch.zeros(3), e, np.array([1.0, 2.0, 1e-6]), dtype=torch.float32,
+                unconstrained=np.array([True, True, False]))
+    assert (c.counted, c.vacuous, c.uncheckable) == (1, 0, 2) and not c.mostly_vacuous
+
+
+def test_the_reference_noise_is_the_rule_at_fp64():
+    # softmax's gradient with a constant upstream gradient is 0 exactly; the fp64
+    # reference leaves noise the rule at u(fp64) bounds, while the bfloat16 allowance is
+    # 2^45 times larger: that noise is not counted, a real gradient is
+    x = np.random.default_rng(0).standard_normal((4, 64))
+    y = softmax_ref.softmax(x, 1.0)
+    for dy, counted in ((np.full_like(x, 0.3), 0), (np.random.default_rng(1).standard_normal(x.shape), x.size // 2)):
+        dx = torch.func.vjp(lambda t: torch.softmax(t, -1), torch.from_numpy(x))[1](torch.from_numpy(dy))[0].numpy()
+        p = Precision.of(torch.bfloat16, "interpret")
+        allowed = softmax_tolerance.softmax_grad(x, y, dy, dx, 1.0, p)
+        noise = softmax_tolerance.softmax_grad(x, y, dy, dx, 1.0, tolerance.reference_precision(p))
+        assert np.all(noise < allowed * 2.0**-30)
+        c = compare("dx", torch.from_numpy(dx), dx, allowed, dtype=torch.bfloat16, noise=noise)
+        assert (c.counted == 0) if counted == 0 else (c.counted > counted), (c.counted, counted)
 
 
 def test_integer_outputs_count_nothing():
@@ -86,12 +124,35 @@ def test_a_test_whose_examples_are_mostly_vacuous_fails_naming_output_and_rule(m
     vacuous = compare("y", torch.zeros(1), np.array([1.0]), np.array([1.0]))
     fine = compare("y", torch.ones(1), np.array([1.0]), np.array([1e-6]))
     sink(vacuous)
-    sink(fine)
-    assert harness.vacuity_failure(target) is None  # 1 of 2: not most
+    for _ in range(3):
+        sink(fine)
+    assert harness.vacuity_failure(target) is None  # 1 of 4: within VACUOUS_EXAMPLES_MAX
     sink(vacuous)
-    problem = harness.vacuity_failure(target)
-    assert problem and "output 'y'" in problem and "2 of 3 examples" in problem
+    sink(fine)
+    problem = harness.vacuity_failure(target)  # 2 of 6: a third
+    assert problem and "output 'y'" in problem and "2 of 6 examples" in problem and "more than 25%" in problem
     assert "tritoncheck.properties.softmax.softmax_tolerance" in problem
+
+
+def test_half_the_examples_vacuous_fails_a_property_test_naming_its_check(monkeypatch):
+    # a property check's comparisons with a reference count too (not report rows)
+    collector = report.Collector()
+    monkeypatch.setattr(harness, "_collector", collector)
+    target = _target("rows_sum_to_one")
+
+    class _Case:
+        def to_json(self):
+            return {}
+
+    with recording(collector.sink(target, _Case(), rows=False)):
+        for allowed in (2.0, 1e-6):
+            with contextlib.suppress(AssertionError):
+                assert_close("row sums of y", torch.ones(3), np.ones(3), allowed, record=False, vacuity=True)
+        assert_close("y", torch.ones(3), np.full(3, 2.0), 1.5, record=False)  # a self-comparison: not counted
+    assert collector.rows == []
+    problem = harness.vacuity_failure(target)
+    assert problem and "'row sums of y': 1 of 2 examples" in problem and "rows_sum_to_one" in problem
+    assert "'y'" not in problem
 
 
 # ----------------------------------------------------------------- softmax, large logits

@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import reject
+from hypothesis import HealthCheck, Phase, given, reject, settings
 from hypothesis import strategies as st
-from hypothesis.errors import UnsatisfiedAssumption
+from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 from hypothesis.vendor import pretty
 
-from tritoncheck import autotune_configs, backend, devices, refusals, registry, unrunnable
+from tritoncheck import autotune_configs, backend, devices, refusals, registry, strategies, unrunnable
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import rule_name
 from tritoncheck.limits import NotApplicable, OutsideLimits
-from tritoncheck.oracle import recording
+from tritoncheck.oracle import VACUOUS_EXAMPLES_MAX, recording
 from tritoncheck.poisoning import poisoned_allocations_for
 from tritoncheck.refusals import Refused
 from tritoncheck.registry import Check, Implementation, OpSpec
@@ -138,7 +138,9 @@ class Target:
             self.check.run(case, self.impl)
 
     def _run(self, case: Case) -> None:
-        sink = _collector.sink(self, case) if _collector is not None and self.check.name in RECORDED_CHECKS else None
+        # every check's comparisons with a reference count toward its vacuity verdict; the
+        # reference checks' are also the rows of the tolerance report
+        sink = _collector.sink(self, case, rows=self.check.name in RECORDED_CHECKS) if _collector is not None else None
         invalid, refused, start = False, False, time.perf_counter()
         try:
             with poisoned_allocations_for(self.impl.fn), autotune_configs.pinned_all(
@@ -223,6 +225,54 @@ def _cuda_context_broken() -> bool:
     return False
 
 
+# test id -> [(length class, row length, "ran" or why not)]: what run_length_classes did
+length_classes_run: dict[str, list[tuple[str, int, str]]] = {}
+
+
+def _first_draw(target: Target, body) -> None:
+    """``body(case)`` on the first case of ``target``'s strategy that it accepts (a case
+    that a precondition discards or the implementation refuses is replaced, as in the
+    test itself), derandomized: the same case in every run of every profile."""
+    @settings(max_examples=1, derandomize=True, database=None, deadline=None, print_blob=False,
+              phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def length_class_example(data):
+        body(target.draw(data))
+
+    length_class_example()
+
+
+def length_classes_of(target: Target) -> dict[str, int]:
+    """The length classes (``strategies.LENGTH_CLASSES``) that ``target``'s row lengths
+    reach, with their lengths (empty for a check whose cases have no row length drawn by
+    ``strategies.lengths``, or that the declared limits exclude: the test skips)."""
+    try:
+        return strategies.length_classes_reached(target.strategy())
+    except OutsideLimits:
+        return {}
+
+
+def run_length_classes(target: Target) -> list[tuple[str, int, str]]:
+    """Run ``target``'s check once at each length class its rows can reach, the rest of
+    each case drawn as ever (derandomized), before Hypothesis draws at random: coverage
+    by intent of the sizes kernels and cheats key on. A failure fails the test as any
+    example's does (the case in words and its replay). A class whose every draw was
+    discarded (the check's preconditions) or refused is recorded as such, not run."""
+    done = []
+    for name, n in length_classes_of(target).items():
+        try:
+            with strategies.pinned_length_class(name):
+                _first_draw(target, target.run)
+            done.append((name, n, "ran"))
+        except Unsatisfiable:
+            done.append((name, n, "every draw discarded or refused"))
+        except Exception as exc:
+            exc.add_note(f"(at the length class {name}, a row of {n}: tried on purpose before the random draws)")
+            raise
+    length_classes_run[target.id] = done
+    return done
+
+
 def account_refusals(target: Target, excinfo, report, item) -> None:
     """The verdict's part of what ``target``'s implementation refused: a test in which
     Hypothesis found no accepted example (``Unsatisfiable``, before ALL_REFUSED_AFTER) is
@@ -294,9 +344,15 @@ def below_min_counted(target: Target, exhausted: bool = False) -> str | None:
 
 
 def vacuity_failure(target: Target) -> str | None:
-    """:func:`vacuous_test` for a registry check, naming the op's rule for the compared outputs."""
-    rule = target.op.grad_tolerance if target.check.name == "gradients_match_reference" else target.op.tolerance
-    return vacuous_test(target.id, rule_name(rule))
+    """:func:`vacuous_test` for a registry check, naming the rule of the compared outputs:
+    the op's for the reference checks, the check's own for a property."""
+    if target.check.name == "gradients_match_reference":
+        rule = rule_name(target.op.grad_tolerance)
+    elif target.check.name == "matches_reference":
+        rule = rule_name(target.op.tolerance)
+    else:
+        rule = f"the rule that {rule_name(target.check.run)} compares with"
+    return vacuous_test(target.id, rule)
 
 
 def vacuous_test(test_id: str, rule: str) -> str | None:
@@ -304,19 +360,20 @@ def vacuous_test(test_id: str, rule: str) -> str | None:
 
     The policy: an example is vacuous for an output when more than half of that
     output's counted elements would have accepted 0 (``Comparison.mostly_vacuous``);
-    a test in which more than half of the examples that compared an output were
-    vacuous for it has not shown that the output is right, so it fails, naming the
-    output and the tolerance ``rule``. Fewer vacuous examples show in the report only
-    (``vacuous`` and ``vacuous_examples`` per output)."""
+    a test in which more than ``oracle.VACUOUS_EXAMPLES_MAX`` of the examples that
+    compared an output were vacuous for it has not shown that the output is right, so it
+    fails, naming the output and the tolerance ``rule``. Fewer vacuous examples show in
+    the report only (``vacuous`` and ``vacuous_examples`` per output)."""
     if _collector is None:
         return None
-    problems = [f"output {output!r}: {vacuous} of {examples} examples were vacuous (the allowance of {rule} "
-                "reached |expected| in most elements, so an output of 0 would have passed)"
+    problems = [f"output {output!r}: {vacuous} of {examples} examples were vacuous, more than "
+                f"{VACUOUS_EXAMPLES_MAX:.0%} (the allowance of {rule} reached |expected| in most elements, so an "
+                "output of 0 would have passed)"
                 for output, (examples, vacuous) in sorted(_collector.vacuity.get(test_id, {}).items())
-                if 2 * vacuous > examples]
+                if vacuous > VACUOUS_EXAMPLES_MAX * examples]
     if not problems:
         return None
-    return (f"{test_id}: every example passed, but the check could not have failed in most of them:\n  "
+    return (f"{test_id}: every example passed, but the check could not have failed in too many of them:\n  "
             + "\n  ".join(problems))
 
 

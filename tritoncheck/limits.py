@@ -259,7 +259,9 @@ class Limits:
         ``--shapes N`` or declared sizes, :meth:`specialised` over the whole range."""
         if CONFIG.shapes is not None or dim in self.sizes:
             return self.specialised(op, dim, lo, hi, blocks=blocks, span=(lo, max(hi, long_max)))
-        cap = self.max_size.get(dim, long_max)
+        # undeclared, the cap is the longest the op draws: an op without a long branch on
+        # this backend (long_max below hi) still draws its everyday range through lengths
+        cap = self.max_size.get(dim, max(hi, long_max))
         lo2 = max(lo, self.min_size.get(dim, lo))
         if lo2 > min(hi, cap):
             return self.size(dim, lo, hi, blocks=blocks)

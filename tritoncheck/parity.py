@@ -134,12 +134,15 @@ def baseline_grad_errors(op: str, case, values: Mapping[str, Any], expected: Map
 
 def assert_close(output: str, got: torch.Tensor, expected: np.ndarray, allowed, baseline: float | str,
                  dtype: torch.dtype, what: str = "does not match the fp64 reference",
-                 computed_in: torch.dtype | None = None, rule: str | None = None) -> Comparison:
+                 computed_in: torch.dtype | None = None, rule: str | None = None,
+                 noise: np.ndarray | float = 0.0, unconstrained: np.ndarray | None = None) -> Comparison:
     """:func:`oracle.assert_close` with PyTorch's error beside it: recorded for the report,
     quoted in the failure message, and in ``--tolerance parity`` mode the second
     condition a failure needs. ``computed_in``: the dtype PyTorch computed in (the
-    input dtype; default ``dtype``, the output's), for the message."""
-    c = oracle.compare(output, got, expected, allowed, dtype, rule)
+    input dtype; default ``dtype``, the output's), for the message. ``noise``: the
+    reference's own error, ``unconstrained`` the elements the rule says no result pins
+    down, as for ``oracle.compare``."""
+    c = oracle.compare(output, got, expected, allowed, dtype, rule, noise, unconstrained)
     figures = Parity(baseline if not isinstance(baseline, str) else None, _error(c),
                      baseline if isinstance(baseline, str) else "")
     failed = not c.ok and not (CONFIG.tolerance == "parity" and figures.within())

@@ -391,7 +391,12 @@ class Session:
     def pytest_runtest_call(self, item):
         """A check whose examples all passed still fails when its pass was not earned:
         most examples vacuous, undeclared refusals past their share, or fewer counted
-        examples than the minimum (``tritoncheck.harness.unearned_pass``)."""
+        examples than the minimum (``tritoncheck.harness.unearned_pass``). Before
+        Hypothesis draws at random, the check runs once at each length class its rows can
+        reach (``tritoncheck.harness.run_length_classes``), in every profile."""
+        if item.get_closest_marker(CHECK):
+            from tritoncheck import harness
+            harness.run_length_classes(item.callspec.params["target"])
         result = yield
         if item.get_closest_marker(CHECK):
             from tritoncheck import harness

@@ -67,15 +67,20 @@ class Collector:
         precondition (assume) nor refused."""
         return self.examples[test_id] - self.invalid[test_id] - sum(self.refused.get(test_id, {}).values())
 
-    def sink(self, target, case):
+    def sink(self, target, case, rows: bool = True):
+        """What records ``target``'s comparisons on ``case`` (``tritoncheck.oracle.recording``):
+        each counts toward the test's vacuity verdict, and those that are report rows
+        (``row``, for a check whose ``rows`` the report tabulates) are added to the rows."""
         from tritoncheck import backend
 
-        def record(c, parity=None, passed=None):
+        def record(c, parity=None, passed=None, row=True):
             # parity: PyTorch's error on the same input (tritoncheck/parity.py); passed: the
             # verdict under the run's --tolerance mode, when it is not the comparison's own
             tally = self.vacuity[target.id][c.output]
             tally[0] += 1
             tally[1] += int(c.mostly_vacuous)
+            if not (rows and row):
+                return
             baseline = parity.baseline_max_abs if parity is not None else None
             at_scale = ulps_at_scale(c.max_abs, c.scale, c.dtype)
             torch_ulps = None if baseline is None else ulps_at_scale(baseline, c.scale, c.dtype)
@@ -89,6 +94,7 @@ class Collector:
                 "baseline_max_abs": parity.baseline_max_abs if parity is not None else None,
                 "parity_ratio": parity.ratio if parity is not None else None,
                 "counted": c.counted, "vacuous": c.vacuous, "mostly_vacuous": c.mostly_vacuous,
+                "uncheckable": c.uncheckable,
                 # the figures the tables show (docs/report-schema.md): finite wherever the output is
                 "ulp_at_scale": at_scale, "rel_counted": c.max_rel_counted, "baseline_ulp_at_scale": torch_ulps,
                 # PyTorch's error below TORCH_EXACT_ULP is no error at the output's scale: no ratio there
@@ -155,6 +161,7 @@ def summarise(rows: list[dict]) -> list[dict]:
             "max_rel": max(r["max_rel"] for r in rs), "p99_rel": _pct([r["max_rel"] for r in rs], 99),
             "max_ulp": max(r["max_ulp"] for r in rs), "p99_ulp": _pct([r["max_ulp"] for r in rs], 99),
             "vacuous": sum(r["vacuous"] for r in rs), "counted": sum(r["counted"] for r in rs),
+            "uncheckable": sum(r.get("uncheckable", 0) for r in rs),
             "vacuous_examples": sum(r["mostly_vacuous"] for r in rs),
             "vacuous_where": vacuous_where(rs),
             "max_headroom": worst["headroom"], "allowed_at_worst": worst["allowed_at_worst"],

@@ -11,6 +11,7 @@ dtype; a control that fails means a tolerance is too tight or a property is wron
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import multiprocessing
@@ -22,9 +23,9 @@ from pathlib import Path
 
 import torch
 from hypothesis import HealthCheck, Phase, given, reject, seed, settings
-from hypothesis.errors import Flaky
+from hypothesis.errors import Flaky, Unsatisfiable
 
-from tritoncheck import autotune_configs, backend, registry
+from tritoncheck import autotune_configs, backend, registry, strategies
 from tritoncheck.oracle import InvalidAllowance
 from tritoncheck.poisoning import poisoned_allocations_for
 from tritoncheck.refusals import Refused
@@ -157,10 +158,7 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
     crashes: list[tuple[BaseException, str]] = []  # (exception, case) of the examples set aside
     base = HUNT_SEED if base_seed is None else base_seed
 
-    @seed(zlib.crc32(f"{base}:{op.name}:{impl.name}:{check.name}:{dtype}".encode()))
-    @_settings(examples)
-    @given(case=strategy)
-    def search(case):
+    def attempt(case):
         try:
             # as in a user's run (harness.Target.run): fresh allocations NaN, autotune configs in turn
             with poisoned_allocations_for(impl.fn), \
@@ -182,8 +180,25 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
             raise exc
         reject()
 
+    @seed(zlib.crc32(f"{base}:{op.name}:{impl.name}:{check.name}:{dtype}".encode()))
+    @_settings(examples)
+    @given(case=strategy)
+    def search(case):
+        attempt(case)
+
+    # The length classes a row-wide check tries on purpose (tritoncheck/harness.py
+    # run_length_classes), after the random hunt rather than before: a kill either way, and
+    # a mutant the random draws kill (most) costs no extra example.
+    @settings(parent=_settings(1), derandomize=True)
+    @given(case=strategy)
+    def at_length_class(case):
+        attempt(case)
+
     try:
         search()
+        for name in strategies.length_classes_reached(strategy):
+            with strategies.pinned_length_class(name), contextlib.suppress(Unsatisfiable):  # all discarded: no kill
+                at_length_class()
     except BaseException as exc:  # noqa: BLE001 - Hypothesis groups distinct failures; KeyboardInterrupt goes on
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise

@@ -9,10 +9,12 @@ injected special values toward none, seeds toward 0.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -103,13 +105,97 @@ def lengths(min_size: int, max_size: int, *, long_max: int, long_percent: int,
     common in the suite's code and land in the everyday branch, so the long band sits at
     the top, where the suite's literals are few. Not a 32-bit range: Hypothesis draws wide
     integers with a bias to small magnitudes, which starves a band at the top."""
-    everyday = sizes(min_size, max_size, blocks=blocks)
     if not 0 <= long_percent <= 100:
         raise ValueError(f"lengths: long_percent must be in [0, 100], got {long_percent}")
+    classes = length_classes(min_size, max_size, long_max=long_max, long_percent=long_percent)
+    seen, pinned = _seen_length_classes.get(), _pinned_length_class.get()
+    if seen is not None:
+        seen.append(classes)
+    if pinned in classes:
+        return st.just(classes[pinned])
+    everyday = sizes(min_size, max_size, blocks=blocks)
     if long_percent == 0 or long_max < LONG_FROM:
         return everyday
     long = sizes(max(min_size, LONG_FROM), long_max)
     return st.integers(0, 999).flatmap(lambda r: long if r >= 1000 - 10 * long_percent else everyday)
+
+
+# ------------------------------------------------------------- size classes, on purpose
+
+# The row lengths every row-wide test tries on purpose, once each, before it draws at
+# random (tritoncheck/harness.py run_length_classes; the self-test's hunts the same):
+# drawn by chance, a size a kernel (or a cheat) keys on came up in 2-5 % of the draws,
+# and at 20 examples a test a third to a half of the tests never met one, always the
+# same ones under a derandomized profile. Generic to any kernel, not the suite's own
+# block sizes: a power of two 2^k (a tile of that width, or a kernel specialised on
+# it), one short of it and one past it (the first masked tail), for the largest k whose
+# 2^k + 1 is an everyday length; one past 4096 and one past 65536, where the profile
+# draws rows that long (the long branch of ``lengths``: on the interpreter an op's
+# ``long_max`` says what it can afford).
+LENGTH_CLASSES = ("2^k - 1", "2^k", "2^k + 1", "past 4096", "past 65536")
+
+
+def length_classes(min_size: int, max_size: int, *, long_max: int, long_percent: int) -> dict[str, int]:
+    """The :data:`LENGTH_CLASSES` that a :func:`lengths` draw over these bounds can reach,
+    with the length that stands for each."""
+    picks = {}
+    if max_size >= 2:
+        top = 1 << ((max_size - 1).bit_length() - 1)  # the largest 2^k with 2^k + 1 <= max_size
+        picks = {"2^k - 1": top - 1, "2^k": top, "2^k + 1": top + 1}
+    if long_percent > 0 and long_max >= LONG_FROM:
+        picks.update({"past 4096": 4097, "past 65536": 65537})
+    top_size = max(max_size, long_max if long_percent else 0)
+    out: dict[str, int] = {}
+    for name, n in picks.items():  # one run per length: 2^16 + 1 is also the first past 65536
+        if min_size <= n <= top_size and n not in out.values():
+            out[name] = n
+    return out
+
+
+_seen_length_classes: contextvars.ContextVar[list[dict[str, int]] | None] = contextvars.ContextVar(
+    "seen_length_classes", default=None)
+_pinned_length_class: contextvars.ContextVar[str | None] = contextvars.ContextVar("pinned_length_class", default=None)
+
+
+@contextlib.contextmanager
+def seeing_length_classes() -> Iterator[list[dict[str, int]]]:
+    """Inside, every :func:`lengths` drawn appends its :func:`length_classes` to the list
+    yielded (what a strategy's row lengths can reach, found by drawing one case)."""
+    seen: list[dict[str, int]] = []
+    token = _seen_length_classes.set(seen)
+    try:
+        yield seen
+    finally:
+        _seen_length_classes.reset(token)
+
+
+def length_classes_reached(strategy: st.SearchStrategy) -> dict[str, int]:
+    """The length classes that the row lengths of ``strategy``'s cases reach, with their
+    lengths, from one derandomized draw (empty for cases without a :func:`lengths`)."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    @settings(max_examples=1, derandomize=True, database=None, deadline=None, print_blob=False,
+              phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
+    @given(case=strategy)
+    def draw_one(case):
+        pass
+
+    with seeing_length_classes() as seen:
+        draw_one()
+    return dict(seen[0]) if seen else {}
+
+
+@contextlib.contextmanager
+def pinned_length_class(name: str) -> Iterator[None]:
+    """Inside, every :func:`lengths` that can reach the class ``name`` draws its length;
+    the rest of the case is drawn as ever."""
+    if name not in LENGTH_CLASSES:
+        raise ValueError(f"unknown length class {name!r}; known: {', '.join(LENGTH_CLASSES)}")
+    token = _pinned_length_class.set(name)
+    try:
+        yield
+    finally:
+        _pinned_length_class.reset(token)
 
 
 # ---------------------------------------------------------------------------- layouts

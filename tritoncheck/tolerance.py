@@ -98,6 +98,25 @@ class Precision:
         return cls(dtype=dtype, backend=backend, store=store, compute=U32, dot=dot, floor=underflow_floor(dtype))
 
 
+U64 = _U[torch.float64]
+
+
+def reference_precision(p: Precision) -> Precision:
+    """The rounding units of the fp64 reference, for the rule that gave ``p``'s allowance.
+
+    A rule bounds an implementation's error by its unit roundoffs times the computation's
+    condition and accumulation (the magnitudes of the terms, sum lengths, exponent
+    errors). The fp64 reference performs the same computation on the same rounded inputs
+    with every operation in fp64, so the same rule with every unit (store, compute, dot,
+    the input dtype's: ``dtype`` is float64) set to u(fp64) = 2^-53 and fp64's subnormal
+    spacing as the floor bounds the reference's own error: below it an expected value is
+    0 within the reference's noise (a constant upstream gradient, whose exact softmax
+    gradient is 0, leaves 1e-17 there). Terms of a rule that do not scale with the units
+    (GPU flush allowances, ``DOT_READ_FLOOR``) stay, a bound for every fp64 order too.
+    """
+    info = torch.finfo(torch.float64)
+    return replace(p, dtype=torch.float64, store=U64, compute=U64, dot=U64, floor=float(info.tiny) * float(info.eps))
+
 
 def ulp(values, dtype: torch.dtype):
     """Spacing of ``dtype`` at each value (the subnormal spacing below the smallest normal);

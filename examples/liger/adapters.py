@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
 from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
 from liger_kernel.ops.layer_norm import LigerLayerNormFunction
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 from liger_kernel.ops.rope import LigerRopeFunction
@@ -100,10 +101,21 @@ def add_rms_norm(x, residual, weight, eps=1e-6):
     return LigerFusedAddRMSNormFunction.apply(x, residual, weight, eps, 0.0, "llama", False)
 
 
+def linear_cross_entropy(x, weight, target, ignore_index=-100, softcap=0.0, reduction="mean"):
+    """Liger's fused linear cross-entropy as a model calls it (no bias, class weights, z-loss
+    or label smoothing; accum_dtype left at Liger's default, the input dtype). Its loss comes
+    back in float32 for float32 inputs and in the input dtype otherwise: cast to the
+    contract's float32 (one rounding of the loss, as for cross_entropy above)."""
+    loss = LigerFusedLinearCrossEntropyFunction.apply(x, weight, target, None, None, ignore_index, 0.0, 0.0,
+                                                      reduction, softcap if softcap else None)[0]
+    return loss.float()
+
+
 rms_norm.rms_norm_cast = add_rms_norm.rms_norm_cast = "before_weight"
 rms_norm_gemma.rms_norm_cast = "after_weight"
 
-for _fn in (softmax, cross_entropy, rope, swiglu, layer_norm, rms_norm, rms_norm_gemma, add_rms_norm):
+for _fn in (softmax, cross_entropy, rope, swiglu, layer_norm, rms_norm, rms_norm_gemma, add_rms_norm,
+            linear_cross_entropy):
     _fn.dtypes = _DTYPES
     _fn.supports_backward = True
 # What the adapters refuse, declared, so the suite draws inside it (tritoncheck/limits.py):
