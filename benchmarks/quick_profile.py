@@ -52,7 +52,8 @@ class Outcome:
 def run_once(op: str, impl: str | None, args, cache: Path, report_dir: Path) -> Outcome:
     """One child pytest of ``op`` (``impl``: an --impl spec, or None for the project's kernel)."""
     xml = report_dir / "junit.xml"
-    cmd = [sys.executable, "-m", "pytest", "tests/test_checks.py", "-q", "-p", "no:randomly", "-p", "no:xdist",
+    workers = ["-n", str(args.workers)] if args.workers > 1 else ["-p", "no:xdist"]
+    cmd = [sys.executable, "-m", "pytest", "tests/test_checks.py", "-q", "-p", "no:randomly", *workers,
            "-p", "no:cacheprovider", "--op", op, "--hypothesis-profile", args.profile, "--backend", args.backend,
            "--report-dir", str(report_dir), f"--junitxml={xml}", *args.pytest_arg]
     if impl:
@@ -63,7 +64,12 @@ def run_once(op: str, impl: str | None, args, cache: Path, report_dir: Path) -> 
         cmd += ["--max-examples", str(args.max_examples)]
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache)}
     start, cpu_start = time.perf_counter(), _children_cpu()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:  # a row past its limit is a figure (no verdict in that time), not an end
+        wall = time.perf_counter() - start
+        sys.stderr.write(f"{op} {impl or 'kernel'}: no verdict within {args.timeout:.0f} s\n")
+        return Outcome(0, 0, 0, 0, float("nan"), wall, _children_cpu() - cpu_start, -1)
     wall, cpu = time.perf_counter() - start, _children_cpu() - cpu_start
     if not xml.is_file():
         sys.stderr.write(f"{op} {impl or 'kernel'}: no result (exit {proc.returncode})\n{proc.stdout[-2000:]}"
@@ -114,9 +120,12 @@ def main() -> int:
     parser.add_argument("--pytest-arg", action="append", default=[], metavar="ARG",
                         help="passed to each child pytest (e.g. --pytest-arg=--tolerance=parity)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per child run")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="pytest-xdist workers per run, all on the same GPU (what `tritoncheck -n N` does): "
+                             "compilation, most of a cold run, proceeds in parallel")
     args = parser.parse_args()
     print(f"device: {device(args.backend)}; profile {args.profile}; dtypes {', '.join(args.dtype) or 'all'}; "
-          f"one process per run; pytest s: first test to last verdict; wall s: the whole child process")
+          f"{args.workers} worker process(es) per run; pytest s: first test to last verdict; wall s: the whole child process")
     header = (f"{'op':<22} {'impl':<40} {'tests':>5} {'pass':>4} {'fail':>4} {'skip':>4} "
               f"{'cold pytest s':>13} {'cold wall s':>11} {'cold cpu s':>10} {'warm pytest s':>13} {'warm wall s':>11} "
               f"{'warm cpu s':>10}  goal")
