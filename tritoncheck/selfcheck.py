@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from hypothesis import HealthCheck, Phase, given, reject, seed, settings
-from hypothesis.errors import Flaky, Unsatisfiable
+from hypothesis.errors import Flaky, Unsatisfiable, UnsatisfiedAssumption
 
 from tritoncheck import autotune_configs, backend, registry, strategies
 from tritoncheck.oracle import InvalidAllowance
@@ -164,6 +164,8 @@ def hunt(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype, exa
             with poisoned_allocations_for(impl.fn), \
                     autotune_configs.pinned_all(impl.fn, autotune_configs.each_in_turn(impl.fn, None)):
                 check.run(case, impl)
+        except UnsatisfiedAssumption:
+            raise  # the check's precondition discards the case: Hypothesis draws another
         except InvalidAllowance:
             crashes.append((None, case.describe()))
             raise  # a suite bug: the hunt stops
