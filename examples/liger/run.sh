@@ -16,8 +16,13 @@ done
 # PyTorch's own same-dtype loss instead of the float32 rule.
 python3 -m pytest tests/test_checks.py -n "$WORKERS" -q -rfs --tb=line -p no:randomly "${@:2}" \
     --impl softmax=adapters:softmax --impl rope=adapters:rope --impl swiglu=adapters:swiglu \
-    --impl layer_norm=adapters:layer_norm --report-dir "$REPORTS/default"
+    --impl layer_norm=adapters:layer_norm --impl rms_norm=adapters:rms_norm --impl add_rms_norm=adapters:add_rms_norm \
+    --report-dir "$REPORTS/default"
 echo "softmax, rope, swiglu, layer_norm: exit $?"
 python3 -m pytest tests/test_checks.py -n "$WORKERS" -q -rfs --tb=line -p no:randomly "${@:2}" \
     --impl cross_entropy=adapters:cross_entropy --tolerance parity --report-dir "$REPORTS/cross_entropy"
 echo "cross_entropy (--tolerance parity): exit $?"
+# fused linear cross-entropy: the loss and dW in the input dtype (finding 9), judged like cross_entropy
+python3 -m pytest tests/test_checks.py -n "$WORKERS" -q -rfs --tb=line -p no:randomly "${@:2}" \
+    --impl linear_cross_entropy=adapters:linear_cross_entropy --tolerance parity --report-dir "$REPORTS/linear_cross_entropy"
+echo "linear_cross_entropy (--tolerance parity): exit $?"
