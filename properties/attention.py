@@ -155,7 +155,8 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
                     shape: str | None = None, windows: tuple | None = None, alibi: bool | None = None,
                     softcaps: tuple | None = None, max_d: int = 128, sm_scales: tuple | None = None,
                     max_n: int | None = None, dropouts: tuple | None = None, min_h: int = 1,
-                    return_keep: bool = False, max_tiles: int = _TILE_BUDGET) -> Case:
+                    return_keep: bool = False, max_tiles: int = _TILE_BUDGET,
+                    score_cap: float | None = None) -> Case:
     """q [B, H, Nq, D], k and v [B, Hkv, Nk, D] with Hkv | H.
 
     ``causal`` None draws it; ``min_n`` and ``min_bh`` are for properties that need
@@ -170,7 +171,8 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
     seed = 0, not passed), with a seed then; ``min_h`` the fewest query heads (two heads'
     masks compared); ``return_keep`` True asks for the keep mask (the call returns three
     outputs: the dropout checks unpack them); ``max_tiles`` the interpreter's work budget
-    (B H cdiv(Nq, 16) cdiv(Nk, 16), default _TILE_BUDGET)."""
+    (B H cdiv(Nq, 16) cdiv(Nk, 16), default _TILE_BUDGET); ``score_cap`` bounds |s_ij| =
+    |q_i . k_j| scale by bounding |q| and |k| (default: the dtype's range, ``qk_cap``)."""
     causal = draw(limits.choice("causal", (False, True) if causal is None else (causal,)))
     window = draw(limits.choice("window", WINDOWS if windows is None else windows))
     # GQA's check runs two forward and backward calls on four heads: shorter sequences
@@ -227,6 +229,8 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
         seed = draw(st.one_of(st.integers(0, 2**16), st.integers(0, 2**63 - 1)))
     scale = _resolved_scale(sm_scale, d)
     cap = qk_cap(dtype, d, scale)
+    if score_cap is not None:  # |q . k| scale <= d cap^2 scale <= score_cap
+        cap = min(cap, math.sqrt(score_cap / (d * scale)))
     q = draw(_qkv((b, h, n_q, d), dtype, cap))
     k = draw(_qkv((b, h_kv, n_k, d), dtype, cap))
     if n_k > 16 and draw(st.booleans()):

@@ -73,8 +73,15 @@ def cp_cases(draw, dtype: torch.dtype, world: int, causal: bool | None = None, m
     one row)."""
     # the contract's plain attention (one sequence, H = Hkv, no window, ALiBi or softcap):
     # cp_attention takes none of attention's variants
+    # Scores up to 1 / (8 u(dtype)): the rules allow a plain implementation its scores in the
+    # input dtype (attention_tolerance.attention_score_error: 2 u(dtype) |s| of exponent),
+    # so at |s| ~ 1 / u the blocks' merge weights e^{lse_j - lse} are unconstrained and the
+    # comparison is vacuous (on an H100, 14 of 50 bfloat16 examples with |k| ~ 1000, past
+    # the quarter a test may have). The ring's bugs (block order, rescale, masks in global
+    # positions) show at any score scale; large scores stay attention's own to check.
     case = draw(attention_cases(dtype, causal=True, min_n=max(world, min_n), gqa=False, shape="square",
-                                windows=(NO_WINDOW,), alibi=False, softcaps=(0.0,)))
+                                windows=(NO_WINDOW,), alibi=False, softcaps=(0.0,),
+                                score_cap=1.0 / (8 * torch.finfo(dtype).eps / 2)))
     causal = draw(st.booleans()) if causal is None else causal
     n = case.tensors["q"].shape[2]
     chunks = even_chunks(n, world)
