@@ -26,7 +26,7 @@ from tritoncheck import autotune_configs, backend, devices, refusals, registry, 
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import rule_name
 from tritoncheck.limits import NotApplicable, OutsideLimits
-from tritoncheck.oracle import VACUOUS_EXAMPLES_MAX, recording
+from tritoncheck.oracle import VACUOUS_EXAMPLES_MAX, VACUOUS_EXAMPLES_MIN, recording
 from tritoncheck.poisoning import poisoned_allocations_for
 from tritoncheck.refusals import Refused
 from tritoncheck.registry import Check, Implementation, OpSpec
@@ -360,17 +360,18 @@ def vacuous_test(test_id: str, rule: str) -> str | None:
 
     The policy: an example is vacuous for an output when more than half of that
     output's counted elements would have accepted 0 (``Comparison.mostly_vacuous``);
-    a test in which more than ``oracle.VACUOUS_EXAMPLES_MAX`` of the examples that
-    compared an output were vacuous for it has not shown that the output is right, so it
+    a test in which at least ``oracle.VACUOUS_EXAMPLES_MAX`` (half) of the examples that
+    compared an output, and at least ``VACUOUS_EXAMPLES_MIN``, were vacuous for it has not
+    shown that the output is right, so it
     fails, naming the output and the tolerance ``rule``. Fewer vacuous examples show in
     the report only (``vacuous`` and ``vacuous_examples`` per output)."""
     if _collector is None:
         return None
-    problems = [f"output {output!r}: {vacuous} of {examples} examples were vacuous, more than "
+    problems = [f"output {output!r}: {vacuous} of {examples} examples were vacuous, at least "
                 f"{VACUOUS_EXAMPLES_MAX:.0%} (the allowance of {rule} reached |expected| in most elements, so an "
                 "output of 0 would have passed)"
                 for output, (examples, vacuous) in sorted(_collector.vacuity.get(test_id, {}).items())
-                if vacuous > VACUOUS_EXAMPLES_MAX * examples]
+                if vacuous >= max(VACUOUS_EXAMPLES_MIN, VACUOUS_EXAMPLES_MAX * examples)]
     if not problems:
         return None
     return (f"{test_id}: every example passed, but the check could not have failed in too many of them:\n  "
