@@ -24,11 +24,10 @@ def run_suite(tmp_path: Path, op: str, impls: list[str], dtypes: list[str], *ext
               module: str = MODULE):
     """Outcomes by test id ('passed', 'failed', 'skipped: <reason>') and the report."""
     xml = tmp_path / f"{op}.xml"
-    # the ci profile (derandomized, shrinking): --impl runs default to quick, whose shape pool
-    # and 6 examples missed the planted bug behind the refusals (the verdict is the quick
-    # profile's to test: tests/test_quick_profile.py)
+    # a fixed seed: --impl runs default to the quick profile, which draws afresh each run, and
+    # a fresh draw of 6 examples missed the planted bug behind the refusals now and then
     cmd = [sys.executable, "-m", "pytest", "tests/test_checks.py", "-q", "-p", "no:randomly", "-p", "no:xdist",
-           "--hypothesis-profile", "ci",
+           "--hypothesis-seed", "0",
            "--op", op, "--max-examples", str(examples), "--report-dir", str(tmp_path / "reports"),
            f"--junitxml={xml}", *extra]
     for impl in impls:
@@ -66,8 +65,9 @@ def test_softmax_refusals(tmp_path):
     impls = ["softmax_short_rows_refuses", "softmax_short_rows_declared", "softmax_contiguous_only_refusal",
              "softmax_contiguous_only_declared", "softmax_no_float32_refusal", "mutant_short_rows_refuses",
              "mutant_short_rows_declared", "softmax_short_rows"]
+    # 20 examples: the planted bug needs a row off a power of two, which 6 quick draws can miss
     outcomes, report, out = run_suite(tmp_path, "softmax", impls, ["float32"],
-                                      "-k", "matches_reference or inputs_unchanged or rows_sum_to_one")
+                                      "-k", "matches_reference or inputs_unchanged or rows_sum_to_one", examples=20)
     for impl in impls[:4]:
         for check in ("matches_reference", "inputs_unchanged", "rows_sum_to_one"):
             assert _outcome(outcomes, impl, check) == "passed", f"{impl} {check}\n{out[-3000:]}"
