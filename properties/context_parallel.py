@@ -209,10 +209,6 @@ def _block_log_weights(q_rows, k, q_start: int, chunks, rank: int, causal: bool,
     return out
 
 
-def _precision(impl: Implementation, case: Case) -> Precision:
-    return generic.precision(impl, case)
-
-
 def _tolerance(case: Case, inputs64, expected, p: Precision) -> dict[str, np.ndarray]:
     """The larger of the one-pass rule (``rules.attention`` of the whole problem) and the
     merged-blocks rule (:func:`merged_allowance`), element by element: either way of
@@ -280,7 +276,7 @@ def matches_reference(case: Case, impl: Implementation) -> None:
     with timed("reference"):
         expected, inputs64 = op.expected(case, values)
     with timed("allowance"):
-        p = _precision(impl, case)
+        p = generic.precision(impl, case)
         allowed = op.tolerance(case, inputs64, expected, p)
         unconstrained = _merge_lost(case, inputs64, expected, p)
     with timed("torch baseline"):
