@@ -114,7 +114,11 @@ class Target:
         except (AssertionError, UnsatisfiedAssumption):
             raise  # a check's verdict on a value, or an example discarded: never a constant error
         except Exception as exc:
-            retry = None if data is None or _cuda_context_broken() else lambda: self._retry(case, data)
+            # the second case is drawn whether or not it is run: an example draws the same
+            # whatever this process learnt before, or Hypothesis's replay of a failing
+            # example (which needs no retry) stops drawing early and calls the test flaky
+            second = self._second_case(case, data) if data is not None else None
+            retry = None if second is None or _cuda_context_broken() else lambda: self._retry(second)
             unrunnable.judge(exc, impl_key=self.impl_key, impl_name=self.impl.name, test_id=self.id,
                              backend=backend.current(), retry=retry)
             raise
@@ -123,17 +127,22 @@ class Target:
     def impl_key(self) -> str:
         return f"{self.op.name}-{self.impl.name}"
 
-    def _retry(self, first: Case, data) -> None:
-        """The check on a second case, different from ``first`` where the strategy allows,
-        outside the report's records and counts (it decides how to report, not what)."""
+    def _second_case(self, first: Case, data) -> Case | None:
+        """A second case for the retry, different from ``first`` where the strategy allows;
+        None when none can be drawn (nothing to compare: the first failure stands)."""
         case = first
         for _ in range(3):
             try:
                 case = data.draw(self.strategy(), label="retry case")
-            except OutsideLimits:  # none drawn: nothing to compare, the first failure stands
-                return
+            except OutsideLimits:
+                return None
             if case.describe() != first.describe():
                 break
+        return case
+
+    def _retry(self, case: Case) -> None:
+        """The check on the second case, outside the report's records and counts (it
+        decides how to report, not what)."""
         with poisoned_allocations_for(self.impl.fn), autotune_configs.pinned_all(self.impl.fn, CONFIG.autotune_config):
             self.check.run(case, self.impl)
 
