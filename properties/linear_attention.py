@@ -354,6 +354,13 @@ def la_inputs_unchanged(case: Case, impl: Implementation) -> None:
     generic.inputs_unchanged(FeatureCase.of(case), impl)
 
 
+def la_calls_independent(case: Case, impl: Implementation) -> None:
+    """calls_independent (tritoncheck/generic.py) on feature-mapped inputs: the second
+    call's values are mapped and scaled into the domain like the first's (FeatureCase),
+    each call compared with the fp64 reference of its own inputs."""
+    generic.calls_independent(FeatureCase.of(case), impl)
+
+
 def la_deterministic(case: Case, impl: Implementation) -> None:
     """Two calls on the same inputs give bitwise identical outputs."""
     generic.deterministic(FeatureCase.of(case), impl)
@@ -398,6 +405,7 @@ register(OpSpec(
     checks=(
         Check("matches_reference", la_matches_reference),
         Check("inputs_unchanged", la_inputs_unchanged),
+        Check("calls_independent", la_calls_independent),
         Check("deterministic", la_deterministic),
         Check("chunk_size_invariant", chunk_size_invariant, requires=_chunk_sizes),
         Check("causal_mask_respected", causal_mask_respected),

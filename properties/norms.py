@@ -23,14 +23,14 @@ from hypothesis import strategies as st
 from tritoncheck import backend, parity, tolerance
 from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
-from tritoncheck.generic import calls_independent, generic_checks, gradients_match_reference, precision, run
+from tritoncheck.generic import calls_independent, generic_checks, gradients_match_reference, precision, run, snapshot
 from tritoncheck.large_problem import LargeProblem, row_wise
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
 from tritoncheck.parity import control_baseline
 from tritoncheck.properties import norms_tolerance as rules
 from tritoncheck.references import norms as ref
-from tritoncheck.registry import Check, Implementation, OpSpec, register
+from tritoncheck.registry import OPS, Check, Implementation, OpSpec, register
 from tritoncheck.stats import COINCIDENCE, FALSE_ALARM
 from tritoncheck.stats import binomial_tail_bound as _binomial_tail_bound
 from tritoncheck.strategies import Case, TensorSpec, sizes, special_values, tensors
@@ -315,23 +315,39 @@ def gradients_in_range_match_reference(case: Case, impl: Implementation) -> None
 
 # ------------------------------------------------------------------ dropout properties
 
-def _dropout_run(case: Case, impl: Implementation, values=None):
-    values, outs = run(case, impl, values)
+def _check_dropout_outputs(x: torch.Tensor, outs) -> None:
     keep = outs["keep"]
     if keep.dtype != torch.bool:
         raise AssertionError(f"output 'keep' has dtype {keep.dtype}, the contract says torch.bool")
-    if tuple(keep.shape) != tuple(values["x"].shape):
-        raise AssertionError(f"output 'keep' has shape {list(keep.shape)}, x has {list(values['x'].shape)}")
-    if outs["y"].dtype != values["x"].dtype:
-        raise AssertionError(f"output 'y' has dtype {outs['y'].dtype}, the contract says {values['x'].dtype}")
+    if tuple(keep.shape) != tuple(x.shape):
+        raise AssertionError(f"output 'keep' has shape {list(keep.shape)}, x has {list(x.shape)}")
+    if outs["y"].dtype != x.dtype:
+        raise AssertionError(f"output 'y' has dtype {outs['y'].dtype}, the contract says {x.dtype}")
+
+
+def _dropout_run(case: Case, impl: Implementation, values=None):
+    values, outs = run(case, impl, values)
+    _check_dropout_outputs(values["x"], outs)
     return values, outs
 
 
 def dropout_matches_reference(case: Case, impl: Implementation) -> None:
     """y matches the fp64 reference layer_norm(where(keep, x / (1 - p), 0) + residual)
-    built from the keep mask the implementation returned, within the derived
-    tolerance (which allows h to be formed in the input dtype)."""
-    values, outs = _dropout_run(case, impl)
+    built from the keep mask the implementation returned and the inputs as they were
+    before the call, within the derived tolerance (which allows h to be formed in the
+    input dtype)."""
+    values = case.materialise(backend.device())
+    before = snapshot(values)
+    _, outs = run(case, impl, values)
+    assert_dropout_matches(OPS[case.op], case, impl, before, outs)
+
+
+def assert_dropout_matches(op: OpSpec, case: Case, impl: Implementation, values, outs) -> None:
+    """``outs`` against the fp64 reference given their own keep mask, of ``values`` taken
+    before the call (a kernel that rewrote its inputs to agree with a wrong y would agree
+    with a reference computed after it): calls_independent's comparison for this op,
+    where the reference needs the mask the call returned."""
+    _check_dropout_outputs(values["x"], outs)
     keep = outs["keep"]
     v = {k: values[k].detach() for k in ("x", "residual", "weight", "bias")}
     prm = case.params
@@ -343,6 +359,13 @@ def dropout_matches_reference(case: Case, impl: Implementation) -> None:
     baseline = parity.baseline_errors(case.op, values["x"].dtype, case, values, outs, {"y": want})
     parity.assert_close("y", outs["y"], want, allowed, baseline["y"], dtype=values["x"].dtype,
                         what="y does not match the reference given the returned keep")
+
+
+def dropout_calls_independent(case: Case, impl: Implementation) -> None:
+    """calls_independent (tritoncheck/generic.py) at every p: each of the two calls (the
+    same seed, so by the contract the same mask) is compared with the fp64 reference
+    given the keep mask it returned, from its inputs as they were before it."""
+    calls_independent(case, impl, compare=assert_dropout_matches)
 
 
 @st.composite
@@ -506,9 +529,7 @@ register(OpSpec(
     output_dtypes={"keep": torch.bool},
     checks=(Check("matches_reference", dropout_matches_reference),)
     + tuple(c for c in generic_checks(grad=False) if c.name not in ("matches_reference", "calls_independent")) + (
-        # at p = 0 only: calls_independent compares with the fp64 reference, which for p > 0
-        # needs the returned keep mask (a cache of y and keep keyed by shape fails at p = 0 all the same)
-        Check("calls_independent", calls_independent, cases=lambda op, dtype: _with_p(op, dtype, (0.0,))),
+        Check("calls_independent", dropout_calls_independent),
         Check("p_zero_is_layer_norm", p_zero_is_layer_norm, cases=lambda op, dtype: _with_p(op, dtype, (0.0,))),
         Check("keep_fraction_binomial", keep_fraction_binomial, false_alarm=FALSE_ALARM),
         Check("seed_reproducible", seed_reproducible,

@@ -227,25 +227,34 @@ def inputs_unchanged(case: Case, impl: Implementation) -> None:
 
 def _new_values(case: Case) -> Case:
     """``case`` with the same shapes, layouts and scalars and other values: every tensor's
-    seed moved (a cheat's cache key sees the same call; its values are not the same)."""
-    return case.replace(tensors={k: dataclasses.replace(spec, seed=spec.seed + 1) for k, spec in case.tensors.items()})
+    seed moved (a cheat's cache key sees the same call; its values are not the same).
+    ``dataclasses.replace`` keeps the case's class: a subclass that maps its values into
+    the op's domain when materialised (linear attention's FeatureCase) still does."""
+    return dataclasses.replace(case, tensors={k: dataclasses.replace(spec, seed=spec.seed + 1)
+                                              for k, spec in case.tensors.items()})
 
 
-def calls_independent(case: Case, impl: Implementation) -> None:
+def calls_independent(case: Case, impl: Implementation, compare=assert_matches_reference) -> None:
     """Each call's outputs are those of its own inputs, and stay so: call A, then call B
     (same shapes, layouts and scalars, other values) written into A's buffers, so that it
     has A's data pointers too. Each must match the fp64 reference of its inputs, and A's
     outputs must be bit for bit unchanged by the later call. A result cache keyed by
     shapes or pointers, a skipped launch that returns an uninitialised (or previous)
     buffer, and one output buffer returned to every caller each fail here; one call per
-    case (matches_reference) cannot see them."""
+    case (matches_reference) cannot see them.
+
+    ``compare(op, case, impl, inputs, outs)`` checks one call's outputs against the
+    reference of its inputs as they were before the call (default: the op's fp64
+    reference, :func:`assert_matches_reference`). An op whose reference needs an output
+    (dropout's keep mask: the fp64 reference given the mask the call returned) passes its
+    own; the scalars, a dropout seed among them, are the same in both calls."""
     op = OPS[case.op]
     second = _new_values(case)
     a = case.materialise(backend.device())
     a_before = snapshot(a)
     _, first = run(case, impl, a)
     kept = {name: t.detach().clone() for name, t in first.items()}
-    assert_matches_reference(op, case, impl, a_before, first)
+    compare(op, case, impl, a_before, first)
     b = second.materialise(backend.device())
     with torch.no_grad():
         for name in second.tensors:
@@ -253,7 +262,7 @@ def calls_independent(case: Case, impl: Implementation) -> None:
     b_before = snapshot(a)
     _, then = run(second, impl, a)
     try:
-        assert_matches_reference(op, second, impl, b_before, then)
+        compare(op, second, impl, b_before, then)
     except AssertionError as exc:
         raise AssertionError(f"a second call on other values of the same shapes, in the first call's buffers, "
                              f"is wrong: the implementation keeps state across calls (the second call's inputs: "
