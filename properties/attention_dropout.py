@@ -75,7 +75,7 @@ from hypothesis import assume
 
 from tritoncheck import backend
 from tritoncheck.config import CONFIG
-from tritoncheck.generic import precision, require_grad_fn, run, with_upstream
+from tritoncheck.generic import precision, require_grad_fn, run, snapshot, with_upstream
 from tritoncheck.oracle import allowance_mostly_vacuous, assert_close, assert_identical, compare, to_numpy
 from tritoncheck.phases import timed
 from tritoncheck.properties import attention_tolerance as rules
@@ -319,8 +319,14 @@ def dropout_keep_iid(case: Case, impl: Implementation) -> None:
 def dropout_matches_reference(case: Case, impl: Implementation) -> None:
     """o matches the fp64 reference with the returned mask, o = (P * keep / (1 - p)) V, within
     rules.attention_dropout; lse matches the dropout-free reference within rules.attention's
-    allowance."""
-    values, outs = _run_keep(case, impl)
+    allowance. Both from the inputs as they were before the call (a snapshot, as
+    matches_reference takes): a kernel that rewrote v to agree with a wrong o would agree
+    with a reference read after it."""
+    with timed("inputs"):
+        values = case.materialise(backend.device())
+        before = snapshot(values)
+    _, outs = _run_keep(case, impl, values)
+    values = before
     q, k, v = (to_numpy(values[n]) for n in ("q", "k", "v"))
     keep = outs["keep"].cpu().numpy()
     p, causal, window, extra = case.params["dropout_p"], case.params["causal"], window_of(case), \
