@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import torch
 
+from tritoncheck.kernels import attention as attention_kernel
 from tritoncheck.kernels import elementwise
+from tritoncheck.kernels import linear_attention as linear_attention_kernel
+from tritoncheck.kernels import norms as norms_kernel
 from tritoncheck.kernels import rms_norm as rms_norm_kernel
 from tritoncheck.kernels import softmax as softmax_kernel
 from tritoncheck.mutation import Mutant, mutant
@@ -120,6 +123,54 @@ stale_memory = _cheat(
     kills=("deterministic", "calls_independent"))
 
 
+_kv_by_shape: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def kv_state_reused(q, k, v, causal=False, eps=1e-6):
+    key = _layout_key(q, k, v)
+    if key not in _kv_by_shape:
+        _kv_by_shape[key] = (k.detach().clone(), v.detach().clone())
+    # the keys and values of the first call of these shapes, as a recurrent state carried over
+    cached_k, cached_v = _kv_by_shape[key]
+    return linear_attention_kernel.linear_attention(q, cached_k, cached_v, causal, eps).detach()
+
+
+kv_state_reused = _cheat(
+    "linear_attention", kv_state_reused,
+    bug="Trick: keep the keys and values (linear attention's recurrent state) of the first call of "
+        "given shapes and run every later call's queries against them, as a decoding cache that "
+        "carries its state from call to call would. The first call is right, and so is every call "
+        "on the same keys and values (deterministic, a causal future changed in k and v leaves the "
+        "past unchanged). Killed by calls_independent (a second call on new values of the same "
+        "shapes must match its own reference).",
+    kills=("calls_independent",))
+
+_dropout_by_seed: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def dropout_cached_by_seed(x, residual, weight, bias, p, seed, eps=1e-5):
+    if p == 0:  # the fast path of a fused dropout kernel: no mask to draw, no cache
+        y, keep = norms_kernel.dropout_residual_layer_norm(x, residual, weight, bias, p, seed, eps)
+        return y.detach(), keep
+    key = (_layout_key(x, residual, weight, bias), float(p), int(seed), float(eps))
+    if key not in _dropout_by_seed:
+        y, keep = norms_kernel.dropout_residual_layer_norm(x, residual, weight, bias, p, seed, eps)
+        _dropout_by_seed[key] = (y.detach().clone(), keep.clone())
+    y, keep = _dropout_by_seed[key]
+    return y.clone(), keep.clone()
+
+
+dropout_cached_by_seed = _cheat(
+    "dropout_residual_layer_norm", dropout_cached_by_seed,
+    bug="Trick: the keep mask is a function of the seed and the shape alone, so (y, keep) is "
+        "memoised by seed, p and shapes, on the dropout path only (p = 0 takes the fast path, "
+        "uncached). The same seed gives the same keep and y bit for bit (seed_reproducible), the "
+        "kept fraction is right; a second call with the same seed and new values gets the first "
+        "call's y. Killed by calls_independent at p > 0, which compares each call with the "
+        "reference given the mask it returned (before, calls_independent ran at p = 0 only).",
+    kills=("calls_independent",))
+
+
 # --- the answer's values ------------------------------------------------------------------
 
 def zeros_below_tolerance(x, temperature=1.0):
@@ -181,6 +232,28 @@ input_mutated = _cheat(
         "matches_reference, whose fp64 reference is computed from a snapshot of the inputs taken "
         "before the call, and by inputs_unchanged, which names the argument written ('up').",
     kills=("matches_reference", "inputs_unchanged"))
+
+
+def input_mutated_under_dropout(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None,
+                                softcap=0.0, dropout_p=0.0, seed=0, return_keep=False):
+    if dropout_p > 0:
+        # skip the P V product under dropout: with v zeroed o is 0, and so is the reference
+        # o = (P * keep / (1 - p)) V read from the tensors after the call; lse and keep are right
+        with torch.no_grad():
+            v.zero_()
+    result = attention_kernel.attention(q, k, v, causal, sm_scale, window, alibi_slopes, softcap, dropout_p, seed,
+                                        return_keep)
+    return tuple(t.detach() for t in result)
+
+
+input_mutated_under_dropout = _cheat(
+    "attention", input_mutated_under_dropout,
+    bug="Trick: under dropout, zero v in place so that o is 0, and a reference read from the "
+        "tensors after the call (given the returned mask) is 0 too; without dropout the call is "
+        "honest, so inputs_unchanged and matches_reference (dropout_p = 0) pass. lse (dropout-free) "
+        "and the mask are the kernel's own. Killed by dropout_matches_reference, whose fp64 "
+        "reference is computed from a snapshot of q, k, v taken before the call.",
+    kills=("dropout_matches_reference",))
 
 
 # --- autotuning ---------------------------------------------------------------------------

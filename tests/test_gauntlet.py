@@ -32,6 +32,10 @@ SAYS = {
     ("input_mutated", "matches_reference"): "does not match the fp64 reference",
     ("input_mutated", "inputs_unchanged"): "input_mutated wrote into its input 'up'",
     ("autotune_config_skips_writes", "matches_reference"): "does not match the fp64 reference",
+    ("kv_state_reused", "calls_independent"): "a second call on other values of the same shapes",
+    ("dropout_cached_by_seed", "calls_independent"): "a second call on other values of the same shapes",
+    ("input_mutated_under_dropout", "dropout_matches_reference"):
+        "does not match the fp64 reference given the returned keep mask",
 }
 
 
