@@ -8,6 +8,7 @@ does the same with a non-editable install in a fresh virtual environment.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -108,3 +109,50 @@ def test_list_ops_prints_the_contract_and_writes_nothing(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "| `softmax` | `softmax(x, temperature=1.0) -> y` |" in done.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_command_runs_pytest_in_one_xdist_worker_unless_told_otherwise(monkeypatch):
+    """The command line built (tritoncheck/cli.py pytest_args): one worker by default, so that
+    a crashing kernel costs its test, not the run; a worker count chosen, before or after
+    ``--``, or xdist turned off, is left alone; none without pytest-xdist installed."""
+    from tritoncheck import cli
+
+    def workers(argv: list[str], extra: list[str] = ()) -> list[str]:
+        args = cli.pytest_args(cli.parser().parse_args(argv), list(extra), "quick")
+        return [args[i + 1] for i, a in enumerate(args) if a == "-n"]
+
+    assert workers(["softmax=m:f"]) == ["1"]
+    assert workers(["softmax=m:f", "-n", "4"]) == ["4"]
+    assert workers(["softmax=m:f"], ["-n", "2"]) == ["2"]  # the extra options' own, once
+    assert workers(["softmax=m:f"], ["-n2"]) == [] and workers(["softmax=m:f"], ["--numprocesses=2"]) == []
+    assert workers(["softmax=m:f"], ["-p", "no:xdist"]) == []
+    assert workers(["--list-ops"]) == []
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "xdist" else find_spec(name, *a))
+    assert workers(["softmax=m:f"]) == []
+
+
+def test_an_impl_run_without_workers_says_how_to_isolate_crashes(user_dir):
+    """`pytest --impl` in one process: a crash would end the run, so its first lines say how
+    not to (the tritoncheck command needs no telling: it runs -n 1)."""
+    done = _run(["-m", "pytest", "--pyargs", "tritoncheck.suite", "--confcutdir", str(ROOT / "tritoncheck"),
+                 "-p", "no:xdist", "--collect-only", "-q", "--impl", "softmax=kernels.softmax:softmax", *CHEAP],
+                user_dir, env={"PYTHONPATH": str(ROOT)})
+    assert "tests collected" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("no crash isolation") == 1 and "add -n 1 (pytest-xdist)" in done.stdout, done.stdout
+
+
+def test_a_segfaulting_kernel_fails_its_tests_by_name_and_the_run_goes_on(tmp_path):
+    """The command's default worker at work: tests/crashing_kernels.py's softmax segfaults on
+    its first call; each selected test fails naming the crash, and the run reaches its summary
+    (about a minute on a loaded 2-core CPU, most of it three processes importing torch)."""
+    shutil.copy(ROOT / "tests" / "crashing_kernels.py", tmp_path)
+    done = _run(["-m", "tritoncheck", "softmax=crashing_kernels:segfaulting_softmax", "--profile", "quick",
+                 "--dtype", "float32", "--max-examples", "2", "--", "-k", "matches_reference or rows_sum_to_one"],
+                tmp_path, env={"PYTHONPATH": str(ROOT)})
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-3000:]
+    for check in ("matches_reference", "rows_sum_to_one"):
+        assert re.search(rf"worker 'gw\d+' crashed while running '\S*segfaulting_softmax-float32-{check}\]'", out), \
+            out[-3000:]
+    assert "2 failed" in done.stdout and "no crash isolation" not in out, done.stdout[-3000:]

@@ -73,7 +73,9 @@ def parser() -> argparse.ArgumentParser:
                    help="derived allowances, or parity: also within 2x plain PyTorch's own error")
     p.add_argument("--report-dir", default="reports", help="where the report and the replay files go (./reports)")
     p.add_argument("-n", "--workers", default=None, metavar="N",
-                   help="pytest-xdist worker processes (a number or auto); default: one process")
+                   help="pytest-xdist worker processes (a number or auto); default: 1 where pytest-xdist is "
+                        "installed (a kernel that crashes its worker fails the test it ran, by name, and the run "
+                        "goes on in a new worker), else the command's own process")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="only the K-th of N deterministic shares of the checks (a CI matrix); "
                         "`tritoncheck report merge` joins the shards' reports")
@@ -94,17 +96,32 @@ def pytest_args(ns: argparse.Namespace, extra: list[str], profile: str | None = 
         args += ["--impl", spec]
     for dtype in ns.dtype:
         args += ["--dtype", dtype]
+    workers = ns.workers or (None if ns.list_ops else crash_isolating_workers(extra))
+    if workers:
+        args += ["-n", str(workers)]
     if ns.list_ops:
         args.append("--list-ops")
     if profile or ns.profile:
         args += ["--hypothesis-profile", profile or ns.profile]
     if ns.max_examples is not None:
         args += ["--max-examples", str(ns.max_examples)]
-    if ns.workers:
-        args += ["-n", str(ns.workers)]
     if ns.shard:
         args += ["--shard", ns.shard]
     return args + extra
+
+
+def crash_isolating_workers(extra: list[str]) -> str | None:
+    """``"1"``, the one xdist worker a run without ``--workers`` gets, so that a kernel that
+    takes its process down (a segfault, a heap-corrupting store) costs the test it ran, which
+    fails naming the crash, and not the run; None where pytest-xdist is not installed, or
+    where the options after ``--`` choose workers themselves (``-n``) or turn xdist off. The
+    cost: one worker process's start (torch, Triton and the suite imported again)."""
+    import importlib.util
+    if importlib.util.find_spec("xdist") is None:
+        return None
+    if any(a.startswith(("-n", "--numprocesses")) or a.endswith("no:xdist") for a in extra):
+        return None
+    return "1"
 
 
 def report_parser() -> argparse.ArgumentParser:

@@ -17,6 +17,7 @@ name, replaces it and is loaded explicitly.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import statistics
@@ -227,6 +228,26 @@ def pytest_configure(config):
     except (ValueError, TypeError) as exc:  # a bad --impl, or a kernel's declarations that do not validate
         raise pytest.UsageError(str(exc)) from None
     config.pluginmanager.register(Session(config, profile, chosen), "tritoncheck-session")
+
+
+@pytest.hookimpl(trylast=True)  # after the session's header, printed at every verbosity (-q hides the header)
+def pytest_sessionstart(session):
+    """One line for a run of the user's own kernels (--impl) in a single process: a kernel
+    that crashes it takes the whole run down, where an xdist worker would be replaced and
+    the crash reported as that test's failure (the ``tritoncheck`` command runs ``-n 1``).
+    At the start: a run that crashes prints no summary."""
+    config = session.config
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is None or not active(config) or not config.getoption("--impl") or _is_worker(config) \
+            or config.getoption("numprocesses", None):
+        return
+    terminal.write_line(crash_isolation_hint(importlib.util.find_spec("xdist") is not None))
+
+
+def crash_isolation_hint(xdist_installed: bool) -> str:
+    how = "add -n 1 (pytest-xdist)" if xdist_installed else "pip install pytest-xdist, then add -n 1"
+    return (f"tritoncheck: no crash isolation: one process runs every check, so a kernel that crashes (segfault, "
+            f"abort) ends the run; {how} to have a crashed worker replaced and that test failed, named")
 
 
 def default_profile(config, chosen_backend: str) -> str:
