@@ -76,21 +76,21 @@ def probe_gqa_single_query():
 
 
 def probe_gqa_zero_query():
-    # 6: the same swap reshapes q as [B, Hkv, groups, D]: a sequence of zero queries (total_q < B)
-    return varlen("6 GQA, one query per sequence but one sequence of none", [1, 0, 1], [9, 4, 17], h=4, h_kv=2)
+    # 7: the same swap reshapes q as [B, Hkv, groups, D]: a sequence of zero queries (total_q < B)
+    return varlen("7 GQA, one query per sequence but one sequence of none", [1, 0, 1], [9, 4, 17], h=4, h_kv=2)
 
 
 def probe_empty_row_lse():
-    # 7 (convention): a row that sees no key: lse +inf (flash-attention), the contract's -inf
+    # 8 (convention): a row that sees no key: lse +inf (flash-attention), the contract's -inf
     q, k, v, cq, ck = _packed([2, 3], [0, 5])
     _, lse = flash_attn_varlen_func(q, k, v, 3, cq, 5, cu_seqlens_k=ck, return_softmax_lse=True)
-    print(f"convention 7 lse of the rows of a sequence without keys: {lse[:, :2].flatten().tolist()} "
+    print(f"convention 8 lse of the rows of a sequence without keys: {lse[:, :2].flatten().tolist()} "
           "(contract: -inf; the adapter maps +inf to -inf)")
     return False
 
 
 def probe_page_stride():
-    # 8: the paged path addresses page p, slot s at (p * page_size + s) * k.stride(1): the page
+    # 6: the paged path addresses page p, slot s at (p * page_size + s) * k.stride(1): the page
     # stride k.stride(0) is never read, so a cache that is a view with another page stride
     # (every other page of a larger pool: k_cache = pool[::2]) is read at the wrong pages
     pages, page_size, h, d, lens = 8, 16, 2, 32, [20, 33]
@@ -103,9 +103,9 @@ def probe_page_stride():
     seq = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     args = (q, k_cache, v_cache, 1, _offsets([1] * len(lens)), max(lens))
     kw = dict(seqused_k=seq, block_table=table, causal=True, return_softmax_lse=True)
-    shows = _compare("8 paged cache with page stride 2 x page_size x Hkv x D (pool[::2])",
+    shows = _compare("6 paged cache with page stride 2 x page_size x Hkv x D (pool[::2])",
                      flash_attn_varlen_func(*args, **kw), documented(*args, **kw), lse=False)
-    contiguous = _compare("8 the same pages copied contiguous (control)", flash_attn_varlen_func(
+    contiguous = _compare("6 the same pages copied contiguous (control)", flash_attn_varlen_func(
         q, k_cache.contiguous(), v_cache.contiguous(), *args[3:], **kw), documented(*args, **kw), lse=False)
     return shows and not contiguous
 
@@ -133,8 +133,8 @@ def main() -> int:
     print(f"flag_gems {flag_gems.__version__}, torch {torch.__version__}, triton {triton.__version__}, "
           f"{torch.cuda.get_device_name()}")
     shown = 0
-    for probe in (probe_windows, probe_head_dim_8, probe_gqa_single_query, probe_gqa_zero_query,
-                  probe_empty_row_lse, probe_page_stride, probe_refusals):
+    for probe in (probe_windows, probe_head_dim_8, probe_gqa_single_query, probe_page_stride, probe_gqa_zero_query,
+                  probe_empty_row_lse, probe_refusals):
         try:
             shown += bool(probe())
         except Exception as exc:  # noqa: BLE001 - a crash is a finding too: print it and go on
