@@ -5,7 +5,7 @@
 # the adapters at the quick profile, at the gpu profile, and the large-index check (large.py).
 # Usage, from the checkout's root: bash examples/flag_gems/run.sh [pytest args...]
 # Logs land in $OUT (default /tmp/flag_gems-out): run.log (the summary), probe.log,
-# quick.log, gpu.log, large.log, and reports.tgz (the three report directories). Each step
+# quick.log, gpu.log, large.log, and reports.tgz (the quick and gpu report directories). Each step
 # has its own timeout (SIGINT: pytest still writes its report and summary), so a cut run
 # still leaves every log written so far.
 set -uo pipefail
