@@ -31,9 +31,10 @@ from tritoncheck import backend, devices, unrunnable
 from tritoncheck.config import CONFIG, PROFILE_SIZES, RunConfig
 
 NAME = "tritoncheck.plugin"  # the entry point's name: `-p tritoncheck.plugin` is then the same plugin
-CHECK, MUTANT = "tritoncheck_check", "tritoncheck_mutant"
+CHECK, MUTANT, IMPL = "tritoncheck_check", "tritoncheck_mutant", "tritoncheck_impl"
 MARKERS = {
-    CHECK: "a check of an implementation under test (tritoncheck.suite); --impl keeps only these",
+    CHECK: "a check of an implementation under test (tritoncheck.suite); --impl keeps these",
+    IMPL: "another test of the implementations under test (the large-index check); --impl keeps these too",
     MUTANT: "a mutation self-test kill: counted in the kill rate and the time to kill",
     "large": "inputs past 2**31 elements (CUDA only, skipped with the reason elsewhere)",
 }
@@ -368,9 +369,10 @@ class Session:
         return bool(registry.user_implementations())
 
     def pytest_collection_modifyitems(self, config, items):
-        """With --impl, only the checks of the user's implementations run: the suite's own
+        """With --impl, only the tests of the user's implementations run: the suite's own
         kernel tests and self-tests are about the suite, not about the user's kernel."""
-        keep = [i for i in items if not self.user_implementations() or i.get_closest_marker(CHECK)]
+        keep = [i for i in items if not self.user_implementations()
+                or i.get_closest_marker(CHECK) or i.get_closest_marker(IMPL)]
         if self.shard is not None:
             from tritoncheck.report_shards import shard_of
             keep = [i for i in keep if shard_of(i.nodeid, self.shard[1]) == self.shard[0]]

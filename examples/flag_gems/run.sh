@@ -2,7 +2,7 @@
 # The FlagGems example on one GPU, in one device call (about 6 minutes at most on an H100):
 # install the wheels of .whl/ (flag_gems, PyYAML, SQLAlchemy: README.md says why these),
 # probe.py (each finding read from FlagGems's source, called once), then the suite through
-# the adapters at the quick profile, at the gpu profile, and the large-index check (large.py).
+# the adapters at the quick profile, at the gpu profile, and the large-index check.
 # Usage, from the checkout's root: bash examples/flag_gems/run.sh [pytest args...]
 # Logs land in $OUT (default /tmp/flag_gems-out): run.log (the summary), probe.log,
 # quick.log, gpu.log, large.log, and reports.tgz (the quick and gpu report directories). Each step
@@ -50,10 +50,10 @@ suite() {  # suite NAME SECONDS PYTEST_ARGS...: one suite run, its log in $OUT/N
 suite quick 120 "$@"
 suite gpu 110 --hypothesis-profile gpu --max-examples 15 "$@"
 
-for op in varlen_attention paged_decode_attention; do
-    start=$(date +%s)
-    timeout -k 10 40 python3 examples/flag_gems/large.py "$op" "adapters:$op" >> "$OUT/large.log" 2>&1
-    log "large-index $op: exit $? in $(( $(date +%s) - start )) s"
-done
-grep -E "slices|FAILED|not run|Error" "$OUT/large.log" | cut -c1-400 | tee -a "$OUT/run.log"
+start=$(date +%s)
+timeout -s INT -k 10 90 python3 -m pytest tests/test_large_index.py -m large -q -rs --tb=short -p no:randomly \
+    --impl varlen_attention=adapters:varlen_attention --impl paged_decode_attention=adapters:paged_decode_attention \
+    > "$OUT/large.log" 2>&1
+log "large-index: exit $? in $(( $(date +%s) - start )) s"
+grep -E "passed|failed|FAILED|SKIPPED|Error" "$OUT/large.log" | cut -c1-400 | tee -a "$OUT/run.log"
 tar czf "$OUT/reports.tgz" -C "$REPORTS" . && log "packed $OUT/reports.tgz"
