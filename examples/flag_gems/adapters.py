@@ -69,13 +69,17 @@ def varlen_attention_unwindowed(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=Fals
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None):
-    """One query per sequence against the paged cache, as vLLM decodes: cu_seqlens_q
-    0, 1, .., B, max_seqlen_q 1, causal (one query sees every key), max_seqlen_k the
-    longest sequence."""
+    """T query tokens per sequence (q [B, T, H, D]; [B, H, D] is T = 1) against the paged
+    cache, as vLLM decodes (T > 1: speculative tokens): the B x T queries packed with
+    cu_seqlens_q 0, T, .., B T and max_seqlen_q T; causal, whose bottom-right alignment is
+    the contract's (query t sees keys j < n - T + 1 + t); max_seqlen_k the longest sequence."""
     _refuse_head_dim(q.shape[-1])
-    cu_seqlens_q = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-    return flash_attn_varlen_func(q, k_cache, v_cache, 1, cu_seqlens_q, int(seq_lens.max()), seqused_k=seq_lens,
-                                  softmax_scale=sm_scale, causal=True, block_table=block_table)
+    batch, tokens = q.shape[0], (q.shape[1] if q.dim() == 4 else 1)
+    cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device) * tokens
+    o = flash_attn_varlen_func(q.reshape(batch * tokens, *q.shape[-2:]), k_cache, v_cache, tokens, cu_seqlens_q,
+                               int(seq_lens.max()), seqused_k=seq_lens, softmax_scale=sm_scale, causal=True,
+                               block_table=block_table)
+    return o.reshape(q.shape)
 
 
 _HEAD_DIM_REFUSAL = "takes a head dim that is a multiple of 8"
