@@ -29,9 +29,11 @@ key there. What the count leaves out: the kernels' source hash (one per kernel) 
 target (one GPU).
 
 As a plugin (``-p compile_keys`` with ``benchmarks/`` on the path, and
-``--compile-keys-out FILE``) it writes every (test, kernel, key) once, in launch order, as
-JSON lines; xdist workers append to ``FILE.<worker>``. ``benchmarks/quick_profile.py
---keys`` uses it to print each row's keys beside its timings.
+``--compile-keys-out FILE``; ``--compile-keys-package P`` for another package's kernels) it
+writes every (test, kernel, key) once, in launch order, as JSON lines; xdist workers
+append to ``FILE.<worker>``. ``benchmarks/quick_profile.py`` uses it to print each row's
+keys beside its timings. Kernels launched in other processes (``cp_attention``'s ranks)
+are not seen.
 """
 from __future__ import annotations
 
@@ -54,8 +56,9 @@ KERNEL_PACKAGES = ("tritoncheck.kernels",)
 class KeyRecorder:
     """Adds a pre-run hook to every launched kernel and writes each new (test, key)."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, packages: tuple[str, ...] = KERNEL_PACKAGES):
         self.out = out
+        self.packages = packages
         self.hooked: set[int] = set()
         self.test: str | None = None
         self.seen: set[tuple[str, str]] = set()
@@ -63,7 +66,7 @@ class KeyRecorder:
     def hook_kernels(self) -> None:
         """Hooks every kernel of the loaded kernel modules not hooked yet."""
         for name, module in list(sys.modules.items()):
-            if module is None or not any(name == p or name.startswith(p + ".") for p in KERNEL_PACKAGES):
+            if module is None or not any(name == p or name.startswith(p + ".") for p in self.packages):
                 continue
             for value in list(vars(module).values()):
                 kernel = _launchable(value)
@@ -147,8 +150,11 @@ def _plain(value):
 
 
 def pytest_addoption(parser):
-    parser.getgroup("compile keys").addoption("--compile-keys-out", default=None, metavar="FILE",
-                                              help="write each test's distinct Triton compile keys here")
+    group = parser.getgroup("compile keys")
+    group.addoption("--compile-keys-out", default=None, metavar="FILE",
+                    help="write each test's distinct Triton compile keys here")
+    group.addoption("--compile-keys-package", action="append", default=[], metavar="PACKAGE",
+                    help="hook the kernels of this package's modules (repeatable; default tritoncheck.kernels)")
 
 
 def pytest_configure(config):
@@ -156,7 +162,8 @@ def pytest_configure(config):
     if out:
         worker = getattr(config, "workerinput", {}).get("workerid")
         path = Path(f"{out}.{worker}" if worker else out)
-        config.pluginmanager.register(KeyRecorder(path), "compile-key-recorder")
+        packages = tuple(config.getoption("--compile-keys-package")) or KERNEL_PACKAGES
+        config.pluginmanager.register(KeyRecorder(path, packages), "compile-key-recorder")
 
 
 # ------------------------------------------------------------------------ reading a run
