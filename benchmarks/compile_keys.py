@@ -257,7 +257,10 @@ def main() -> int:
                "-p", "no:cacheprovider", "-p", "compile_keys", f"--compile-keys-out={out}",
                "--hypothesis-profile", args.profile, "--hypothesis-seed", args.seed, "--report-dir", tmp,
                *[f"--op={op}" for op in args.op], *[f"--dtype={d}" for d in args.dtype], *args.pytest_arg]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")])}
+        # a fresh Hypothesis database: examples saved by earlier runs (the quick profile
+        # replays them) would make the count depend on the checkout's history
+        env = {**os.environ, "HYPOTHESIS_STORAGE_DIRECTORY": str(Path(tmp) / "hypothesis"),
+               "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")])}
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         tail = proc.stdout.strip().splitlines()[-1:] or proc.stderr.strip().splitlines()[-1:]
         print(f"pytest: {' '.join(tail)}")
