@@ -228,7 +228,11 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
     # the checks without dropout need dropout_p = 0: a kernel declaring other values only is outside them
     dropout_p, seed = draw(limits.choice("dropout_p", (0.0,) if dropouts is None else dropouts)), 0
     if dropouts is not None:
-        seed = draw(st.one_of(st.integers(0, 2**16), st.integers(0, 2**63 - 1)))
+        # quick (--shape-classes): 64-bit seeds only. A seed past 2**31 is an i64 argument, a
+        # compilation of every kernel apart from the i32 one; dropout_seed_reproducible
+        # flips bit 40 of every seed, so the i64 kernels are compiled in any case
+        seed = draw(st.integers(2**31, 2**63 - 1) if CONFIG.shape_classes is not None else
+                    st.one_of(st.integers(0, 2**16), st.integers(0, 2**63 - 1)))
     scale = _resolved_scale(sm_scale, d)
     cap = qk_cap(dtype, d, scale)
     if score_cap is not None:  # |q . k| scale <= d cap^2 scale <= score_cap
