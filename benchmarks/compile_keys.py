@@ -13,11 +13,12 @@ declares ``do_not_specialize_on_alignment`` for it, whether its data pointer is 
 aligned (``D``); an integer's type (``i32``, or ``i64`` past 2**31) and, unless
 ``do_not_specialize``, whether it is divisible by 16 (``D``) or equal to 1 (then it becomes
 a constexpr 1); floats and bools by type only; then the launch options (``num_warps``,
-``num_stages``, ...). This plugin computes that key with Triton's own binder
-(``create_function_from_signature`` over the kernel's parameters, with the generic
-backend's ``get_int_specialization`` / ``get_tensor_specialization``, which the NVIDIA
-backend inherits unchanged) at every launch, so the count is Triton's on the device,
-whether the kernels run compiled or under the interpreter (the CPU machine: no GPU needed).
+``num_stages``, ...). This plugin computes that key at every launch with Triton's own
+binder: compiled, the very one the kernel launches with; under the interpreter (the CPU
+machine: no GPU needed), one made the same way (``create_function_from_signature`` over
+the kernel's parameters) with the generic backend's ``get_int_specialization`` /
+``get_tensor_specialization``, which the NVIDIA backend inherits unchanged. A launch whose
+key cannot be computed is recorded as such and never fails the run.
 
 The hook is Triton's public ``add_pre_run_hook`` of each ``@triton.jit`` kernel defined at
 module level in ``tritoncheck.kernels`` (under a ``triton.autotune`` or ``heuristics``
@@ -75,11 +76,14 @@ class KeyRecorder:
                     kernel.add_pre_run_hook(self._hook_for(kernel))
 
     def _hook_for(self, kernel):
-        binder = _binder(kernel)
         name = kernel.fn.__qualname__ if hasattr(kernel, "fn") else repr(kernel)
 
         def record(*args, **kwargs):
-            bound, specialization, options = binder(*args, **kwargs)
+            try:
+                bound, specialization, options = _binder(kernel)(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - a count must never break the run it counts
+                self.write(name, f"{name}: key not computed ({type(exc).__name__}: {exc})", f"{name} (no key)")
+                return
             parts = [(kind, _plain(value)) for kind, value in specialization]
             key = name + str(parts) + (str(sorted((k, _plain(v)) for k, v in options.items())) if options else "")
             self.write(name, key, _label(name, list(bound), parts, options))
@@ -117,11 +121,15 @@ def _launchable(obj):
 
 def _binder(kernel):
     """Triton's own argument binder for ``kernel``: (bound, specialization, options) of a
-    launch, the specialization being the compile key's part from the arguments."""
+    launch, the specialization being the compile key's part from the arguments. Compiled,
+    the one the kernel launches with (the last of its ``device_caches`` entry, with the
+    device's backend); under the interpreter, one built the same way with the generic
+    backend."""
     from triton.backends.compiler import BaseBackend
     from triton.runtime.jit import JITFunction, KernelParam, create_function_from_signature
     if isinstance(kernel, JITFunction):
-        return create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
+        from triton.runtime.driver import driver
+        return kernel.device_caches[driver.active.get_current_device()][-1]
     signature = inspect.signature(kernel.fn)  # an InterpretedFunction keeps jit's keywords in .kwargs
     dns = kernel.kwargs.get("do_not_specialize") or ()
     dns_oa = kernel.kwargs.get("do_not_specialize_on_alignment") or ()
