@@ -28,6 +28,7 @@ class RunConfig:
     tolerance: str = "derived"  # --tolerance: derived | parity (tritoncheck/parity.py)
     shapes: int | None = None  # --shapes N: sizes per (op, dtype, specialised dim) (tritoncheck/shape_pool.py)
     shapes_seed: int = 0  # --shapes-seed: which N (the same in every xdist worker)
+    shape_classes: int | None = None  # --shape-classes K: the pool's sizes in K power-of-two classes only
     autotune_config: int | None = None  # --autotune-config I: declared autotuned kernels run config I only
     world_size: int = 2  # --cp-world-size W: the ranks a distributed op's implementation runs on (CPU CI: 2 gloo)
     configured: bool = False  # set once the plugin has chosen the above for a run

@@ -285,6 +285,20 @@ class Limits:
             raise OutsideLimits(f"no {dim} in {list(pool)} is inside the declared limits ({self.describe()})")
         return st.sampled_from(inside)
 
+    def variant(self, arg: str, values: Sequence, *, off: Any, on: bool) -> st.SearchStrategy:
+        """:meth:`choice` of a variant argument whose value ``off`` turns the variant off
+        (no window, no softcap). With ``--shape-classes`` (the quick profile) only the
+        values on one side are drawn, ``on`` saying which, when the limits leave one there:
+        a strategy draws one ``on`` per case for all its variants, so that every variant
+        is on or every one off, the variant flags a kernel compiles on taking two
+        combinations per run instead of every one (a check that fixes a variant fixes its
+        side). The gpu profile draws every combination."""
+        if CONFIG.shape_classes is not None and arg not in self.fixed:
+            side = [v for v in values if same_value(v, off) != on and v in self.values.get(arg, values)]
+            if side:
+                return self.choice(arg, side)
+        return self.choice(arg, values)
+
     def choice(self, arg: str, values: Sequence) -> st.SearchStrategy:
         """A value of a scalar argument from ``values``, inside the limits; an argument the
         implementation cannot take is its default, or the check is not applicable."""

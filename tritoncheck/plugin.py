@@ -87,10 +87,21 @@ MIN_COUNTED_SHARE = {"quick": 0.5, "dev": 0.5, "ci": 0.5, "gpu": 0.5, "nightly":
 #   padded_lanes_zero (a row off a power of two) survived all 12 float32 checks;
 # - no shrinking, which reruns a failure hundreds of times (new shapes, new compilations)
 #   for a smaller case: a failure is reported as found, replay files and all; the gpu
-#   profile that follows (the tritoncheck command runs it next) shrinks.
+#   profile that follows (the tritoncheck command runs it next) shrinks;
+# - the pool's sizes in QUICK_SHAPE_CLASSES power-of-two class per dim (--shape-classes
+#   overrides): kernels derive block constexprs by next_power_of_2, so each class was a
+#   compilation of every kernel of the op, times its variants and dtypes (attention drew
+#   4 head-dim classes: 95 compile keys in float32, benchmarks/compile_keys.py);
+# - autotuned kernels an implementation declares run config 0 only (--autotune-config
+#   overrides): each config is a compilation per key, and the configs in turn, one per
+#   example, compiled a config per example. Checking every config on fresh NaN outputs (the
+#   cheat of a config that writes nothing, autotune_configs.each_in_turn) is the gpu
+#   profile's, which the tritoncheck command runs next.
 settings.register_profile("quick", max_examples=10, phases=(Phase.explicit, Phase.reuse, Phase.generate),
                           **_COMMON)
 QUICK_SHAPES = 4
+QUICK_SHAPE_CLASSES = 1
+QUICK_AUTOTUNE_CONFIG = 0
 settings.register_profile("dev", max_examples=20, **_COMMON)
 # Sized for the Triton interpreter on a 2-core CPU: small shapes (CONFIG.size),
 # derandomized so CI is reproducible. 10 examples (5 must count), besides the length
@@ -130,8 +141,12 @@ def pytest_addoption(parser):
                          "the quick profile, else no pool); "
                          "sequence and row counts stay free (bounds compilations of autotuned kernels)")
     group.addoption("--shapes-seed", type=int, default=0, help="which N values --shapes picks")
-    group.addoption("--autotune-config", default="tuned", metavar="tuned|I",
-                    help="tuned (default): the kernels an implementation declares in fn.autotuned run their configs "
+    group.addoption("--shape-classes", type=int, default=None, metavar="K",
+                    help="with --shapes: the pool keeps sizes of K power-of-two classes (2^(k-1), 2^k] only, chosen "
+                         "per run (--shapes-seed): one compilation of a kernel's block constexprs per class (default 1 "
+                         "in the quick profile, else every class)")
+    group.addoption("--autotune-config", default=None, metavar="tuned|I",
+                    help="tuned (default, but 0 in the quick profile): the kernels an implementation declares in fn.autotuned run their configs "
                          "in turn, one per example, each on fresh NaN-filled outputs (undeclared ones autotune as "
                          "they do); an index I: every kernel an "
                          "implementation declares in fn.autotuned runs its config I (modulo its count) only, one "
@@ -272,7 +287,14 @@ def _configure_run(config, profile: str) -> None:
         CONFIG.shapes = QUICK_SHAPES  # bounded compilations (see the quick profile)
     if CONFIG.shapes is not None and CONFIG.shapes < 1:
         raise ValueError(f"--shapes must be at least 1, got {CONFIG.shapes}")
+    CONFIG.shape_classes = config.getoption("--shape-classes")
+    if CONFIG.shape_classes is None and profile == "quick":
+        CONFIG.shape_classes = QUICK_SHAPE_CLASSES  # one compilation per block constexpr (see the quick profile)
+    if CONFIG.shape_classes is not None and CONFIG.shape_classes < 1:
+        raise ValueError(f"--shape-classes must be at least 1, got {CONFIG.shape_classes}")
     autotune = config.getoption("--autotune-config")
+    if autotune is None:
+        autotune = str(QUICK_AUTOTUNE_CONFIG) if profile == "quick" else "tuned"
     if autotune != "tuned" and not autotune.isdigit():
         raise ValueError(f"--autotune-config must be 'tuned' or a config index >= 0, got {autotune!r}")
     CONFIG.autotune_config = None if autotune == "tuned" else int(autotune)
@@ -477,7 +499,8 @@ class Session:
         import triton
         meta = {"backend": self.backend, "profile": self.profile, "device": device,
                 "torch": torch.__version__, "triton": triton.__version__, "tolerance": CONFIG.tolerance,
-                "shapes": CONFIG.shapes, "autotune_config": CONFIG.autotune_config,
+                "shapes": CONFIG.shapes, "shape_classes": CONFIG.shape_classes,
+                "autotune_config": CONFIG.autotune_config,
                 "shard": "{}/{}".format(*self.shard) if self.shard else None}
         from tritoncheck import report_files
         self.report = report.build(CONFIG.report_dir, self.skipped, meta, limits=self._declared_limits(),
