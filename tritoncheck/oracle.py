@@ -86,8 +86,8 @@ class Comparison:
 # least VACUOUS_EXAMPLES_MIN of them, were mostly vacuous for it (``Comparison.mostly_vacuous``):
 # a test in which half the examples checked nothing has not shown the output right. Not a
 # quarter: how many draws land in a regime the dtype cannot pin (bf16 layer norm on offset
-# rows, bf16 scores past 1/u) is the strategy's mix, and at the ci profile's 10 examples (as
-# it had then) a quarter was 3 derandomized draws: the default CPU run failed four correct kernels' tests
+# rows, bf16 scores past 1/u) is the strategy's mix, and at the ci profile's 10 examples a
+# quarter is 3 derandomized draws: the default CPU run failed four correct kernels' tests
 # that way (layer norm float32 constant rows 4 of 14, dropout layer norm bf16 11 of 26, a
 # linear attention at 3 examples 1 of 3), a verdict on the draws, not on the check.
 VACUOUS_EXAMPLES_MAX = 0.5

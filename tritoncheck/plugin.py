@@ -72,7 +72,7 @@ _COMMON = dict(
 PROFILES = ("quick", "dev", "ci", "gpu", "nightly")
 # Per profile, the share of max_examples that must have counted (run the check to the end:
 # neither discarded by assume nor refused) for a test to pass; fewer fail it as not reached
-# (tritoncheck/harness.py below_min_counted). Half: dev 10 of 20, ci 3 of 5, gpu 50 of 100,
+# (tritoncheck/harness.py below_min_counted). Half: dev 10 of 20, ci 5 of 10, gpu 50 of 100,
 # nightly 500 of 1000; --max-examples N: ceil(N / 2). Hypothesis itself stops only once
 # discards pass 458 + 100 per counted example, so a test can otherwise pass on one.
 MIN_COUNTED_SHARE = {"quick": 0.5, "dev": 0.5, "ci": 0.5, "gpu": 0.5, "nightly": 0.5}
@@ -104,15 +104,12 @@ QUICK_SHAPE_CLASSES = 1
 QUICK_AUTOTUNE_CONFIG = 0
 settings.register_profile("dev", max_examples=20, **_COMMON)
 # Sized for the Triton interpreter on a 2-core CPU: small shapes (CONFIG.size),
-# derandomized so CI is reproducible. 5 examples (3 must count), besides the length
-# classes every row-wide test runs on purpose first (harness.run_length_classes). The
-# default run is the CI budget (15 minutes on two cores, install included): at 20 it took
-# 30+ minutes, at 10 28 minutes (15 ops, the cheat gauntlet, the meta-tests); 5 takes 41 %
-# off the checks (attention float32: 170 -> 100 s of CPU). What it keeps: every (op,
-# dtype, check) on the project's kernels, each row-wide one at every length class. Depth
-# is the gpu profile's (100) and nightly's (1000): when the ci profile had 20, 30
-# examples found an fp64 reference NaN that 6 and 15 missed.
-settings.register_profile("ci", max_examples=5, derandomize=True, database=None, **_COMMON)
+# derandomized so CI is reproducible. 10 examples (5 must count), besides the length
+# classes every row-wide test runs on purpose first (harness.run_length_classes): with 15
+# ops, the cheat gauntlet and the meta-tests, 20 put the default run at 30+ minutes on two
+# cores, twice the CI budget. Depth is the gpu profile's (100) and nightly's (1000); when
+# the ci profile had 20, 30 examples found an fp64 reference NaN that 6 and 15 missed.
+settings.register_profile("ci", max_examples=10, derandomize=True, database=None, **_COMMON)
 settings.register_profile("gpu", max_examples=100, **_COMMON)
 settings.register_profile("nightly", max_examples=1000, **_COMMON)
 
