@@ -88,10 +88,13 @@ MIN_COUNTED_SHARE = {"quick": 0.5, "dev": 0.5, "ci": 0.5, "gpu": 0.5, "nightly":
 # - no shrinking, which reruns a failure hundreds of times (new shapes, new compilations)
 #   for a smaller case: a failure is reported as found, replay files and all; the gpu
 #   profile that follows (the tritoncheck command runs it next) shrinks;
-# - the pool's sizes in QUICK_SHAPE_CLASSES power-of-two class per dim (--shape-classes
-#   overrides): kernels derive block constexprs by next_power_of_2, so each class was a
-#   compilation of every kernel of the op, times its variants and dtypes (attention drew
-#   4 head-dim classes: 95 compile keys in float32, benchmarks/compile_keys.py);
+# - the pool's sizes in any power-of-two class (QUICK_SHAPE_CLASSES None; --shape-classes K
+#   narrows them to K classes a dim): kernels derive block constexprs by next_power_of_2,
+#   so each class is a compilation of every kernel of the op (attention drew 4 head-dim
+#   classes: 95 compile keys in float32, benchmarks/compile_keys.py), but one class is
+#   one range of row lengths: at 1, the default CPU run's softmax with a TypeError on rows
+#   past 64 and one refusing them passed (every row drawn was at most 64: issue 24's
+#   unearned green), and a planted attention bug in a wide causal window passed;
 # - autotuned kernels an implementation declares run config 0 only (--autotune-config
 #   overrides): each config is a compilation per key, and the configs in turn, one per
 #   example, compiled a config per example. Checking every config on fresh NaN outputs (the
@@ -100,7 +103,7 @@ MIN_COUNTED_SHARE = {"quick": 0.5, "dev": 0.5, "ci": 0.5, "gpu": 0.5, "nightly":
 settings.register_profile("quick", max_examples=10, phases=(Phase.explicit, Phase.reuse, Phase.generate),
                           **_COMMON)
 QUICK_SHAPES = 4
-QUICK_SHAPE_CLASSES = 1
+QUICK_SHAPE_CLASSES = None  # every class the pool's sizes fall in (above: why not 1)
 QUICK_AUTOTUNE_CONFIG = 0
 settings.register_profile("dev", max_examples=20, **_COMMON)
 # Sized for the Triton interpreter on a 2-core CPU: small shapes (CONFIG.size),
