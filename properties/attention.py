@@ -173,7 +173,7 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
     outputs: the dropout checks unpack them); ``max_tiles`` the interpreter's work budget
     (B H cdiv(Nq, 16) cdiv(Nk, 16), default _TILE_BUDGET); ``score_cap`` bounds |s_ij| =
     |q_i . k_j| scale by bounding |q| and |k| (default: the dtype's range, ``qk_cap``)."""
-    # quick: every free variant on or every one off (Limits.variant), not each drawn alone
+    # --shape-classes: every free variant on or every one off (Limits.variant), not each drawn alone
     on = draw(st.booleans()) if CONFIG.shape_classes is not None else True
     causal = draw(limits.variant("causal", (False, True) if causal is None else (causal,), off=False, on=on))
     window = draw(limits.variant("window", WINDOWS if windows is None else windows, off=NO_WINDOW, on=on))
@@ -228,7 +228,7 @@ def attention_cases(draw, dtype: torch.dtype, causal: bool | None = None, min_n:
     # the checks without dropout need dropout_p = 0: a kernel declaring other values only is outside them
     dropout_p, seed = draw(limits.choice("dropout_p", (0.0,) if dropouts is None else dropouts)), 0
     if dropouts is not None:
-        # quick (--shape-classes): 64-bit seeds only. A seed past 2**31 is an i64 argument, a
+        # --shape-classes: 64-bit seeds only. A seed past 2**31 is an i64 argument, a
         # compilation of every kernel apart from the i32 one; dropout_seed_reproducible
         # flips bit 40 of every seed, so the i64 kernels are compiled in any case
         seed = draw(st.integers(2**31, 2**63 - 1) if CONFIG.shape_classes is not None else

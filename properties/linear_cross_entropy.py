@@ -209,7 +209,7 @@ def chunk_size_invariant(case: Case, impl: Implementation) -> None:
     ``chunk_size=``) gives the same loss and gradients, within twice the derived
     allowances (each is within them of the same fp64 values). A chunk boundary that drops
     or repeats a column, or a dweight that loses a chunk, moves with the chunk size.
-    The quick profile compares two neighbouring declared sizes, chosen per run
+    With ``--shape-classes`` (opt-in) it compares two neighbouring declared sizes, chosen per run
     (``shape_pool.run_subset``): each size is a compilation of the three kernels per
     variant and dtype, three quarters of the op's; the gpu profile compares them all."""
     values = case.materialise(backend.device())

@@ -128,12 +128,12 @@ def varlen_attention_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS,
     None draws it; ``shape`` "wide" makes some sequence Nk > Nq; ``zero`` adds sequences of
     zero queries and zero keys; ``gqa`` True draws Hkv < H; ``windows`` the bands to draw
     (None: the dense op's WINDOWS)."""
-    # quick: every free variant on or every one off (Limits.variant)
+    # --shape-classes: every free variant on or every one off (Limits.variant)
     on = draw(st.booleans()) if CONFIG.shape_classes is not None else True
     causal = draw(limits.variant("causal", (False, True) if causal is None else (causal,), off=False, on=on))
     window = draw(limits.variant("window", WINDOWS if windows is None else windows, off=NO_WINDOW, on=on))
     lq, lk = draw(_lengths(shape, zero, max_sequences))
-    d = draw(limits.specialised_pick("varlen_attention", "D", HEAD_DIMS))  # a BLOCK_D class per run in quick
+    d = draw(limits.specialised_pick("varlen_attention", "D", HEAD_DIMS))  # a BLOCK_D class per run with --shape-classes
     h = draw(limits.size("H", 2 if gqa else 1, 4 if gqa or CONFIG.size == "large" else 3))
     divisors = [n for n in range(h, 0, -1) if h % n == 0 and n in limits.sizes.get("Hkv", (n,))
                 and n <= limits.max_size.get("Hkv", n) and n >= limits.min_size.get("Hkv", 1)]

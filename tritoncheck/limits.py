@@ -287,7 +287,7 @@ class Limits:
 
     def variant(self, arg: str, values: Sequence, *, off: Any, on: bool) -> st.SearchStrategy:
         """:meth:`choice` of a variant argument whose value ``off`` turns the variant off
-        (no window, no softcap). With ``--shape-classes`` (the quick profile) only the
+        (no window, no softcap). With ``--shape-classes`` (opt-in, for the quick profile) only the
         values on one side are drawn, ``on`` saying which, when the limits leave one there:
         a strategy draws one ``on`` per case for all its variants, so that every variant
         is on or every one off, the variant flags a kernel compiles on taking two

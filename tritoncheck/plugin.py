@@ -88,8 +88,8 @@ MIN_COUNTED_SHARE = {"quick": 0.5, "dev": 0.5, "ci": 0.5, "gpu": 0.5, "nightly":
 # - no shrinking, which reruns a failure hundreds of times (new shapes, new compilations)
 #   for a smaller case: a failure is reported as found, replay files and all; the gpu
 #   profile that follows (the tritoncheck command runs it next) shrinks;
-# - the pool's sizes in any power-of-two class (QUICK_SHAPE_CLASSES None; --shape-classes K
-#   narrows them to K classes a dim): kernels derive block constexprs by next_power_of_2,
+# - the pool's sizes in any power-of-two class (--shape-classes K, opt-in, narrows them to
+#   K classes a dim, and with it couples the variants and narrows chunk sizes and seeds): kernels derive block constexprs by next_power_of_2,
 #   so each class is a compilation of every kernel of the op (attention drew 4 head-dim
 #   classes: 95 compile keys in float32, benchmarks/compile_keys.py), but one class is
 #   one range of row lengths: at 1, the default CPU run's softmax with a TypeError on rows
@@ -103,7 +103,6 @@ MIN_COUNTED_SHARE = {"quick": 0.5, "dev": 0.5, "ci": 0.5, "gpu": 0.5, "nightly":
 settings.register_profile("quick", max_examples=10, phases=(Phase.explicit, Phase.reuse, Phase.generate),
                           **_COMMON)
 QUICK_SHAPES = 4
-QUICK_SHAPE_CLASSES = None  # every class the pool's sizes fall in (above: why not 1)
 QUICK_AUTOTUNE_CONFIG = 0
 settings.register_profile("dev", max_examples=20, **_COMMON)
 # Sized for the Triton interpreter on a 2-core CPU: small shapes (CONFIG.size),
@@ -146,8 +145,8 @@ def pytest_addoption(parser):
     group.addoption("--shapes-seed", type=int, default=0, help="which N values --shapes picks")
     group.addoption("--shape-classes", type=int, default=None, metavar="K",
                     help="with --shapes: the pool keeps sizes of K power-of-two classes (2^(k-1), 2^k] only, chosen "
-                         "per run (--shapes-seed): one compilation of a kernel's block constexprs per class (default 1 "
-                         "in the quick profile, else every class)")
+                         "per run (--shapes-seed): one compilation of a kernel's block constexprs per class (off by "
+                         "default: every class)")
     group.addoption("--autotune-config", default=None, metavar="tuned|I",
                     help="tuned (default, but 0 in the quick profile): the kernels an implementation declares in fn.autotuned run their configs "
                          "in turn, one per example, each on fresh NaN-filled outputs (undeclared ones autotune as "
@@ -291,8 +290,6 @@ def _configure_run(config, profile: str) -> None:
     if CONFIG.shapes is not None and CONFIG.shapes < 1:
         raise ValueError(f"--shapes must be at least 1, got {CONFIG.shapes}")
     CONFIG.shape_classes = config.getoption("--shape-classes")
-    if CONFIG.shape_classes is None and profile == "quick":
-        CONFIG.shape_classes = QUICK_SHAPE_CLASSES  # one compilation per block constexpr (see the quick profile)
     if CONFIG.shape_classes is not None and CONFIG.shape_classes < 1:
         raise ValueError(f"--shape-classes must be at least 1, got {CONFIG.shape_classes}")
     autotune = config.getoption("--autotune-config")

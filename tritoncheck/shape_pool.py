@@ -22,7 +22,7 @@ alone would hold only aligned sizes and never a masked tail).
 It is a pure function of (seed, op, dim, range), so every xdist worker builds the
 same pool. Without ``--shapes`` every dim is drawn by :func:`strategies.sizes`.
 
-With ``--shape-classes K`` as well (the quick profile: K = 1), the pool keeps the sizes of
+With ``--shape-classes K`` as well (opt-in, e.g. K = 1 with the quick profile), the pool keeps the sizes of
 K power-of-two classes only, ``(2^(k-1), 2^k]`` for 2^k one of BOUNDARIES, chosen per run
 (``--shapes-seed``): the class's edge 2^k, one short of it, one past the edge below
 (2^(k-1) + 1) and N others inside. Why: a kernel compiles once per constexpr, and kernels
@@ -135,7 +135,7 @@ def _class_values(values: list[int], classes: int, rng) -> list[int]:
 
 def run_subset(op: str, name: str, values: Sequence, count: int) -> tuple:
     """``count`` consecutive ``values`` from an index fixed for the run (``--shapes-seed``)
-    with ``--shape-classes`` (the quick profile), else all of them: the settings a check
+    with ``--shape-classes`` (opt-in), else all of them: the settings a check
     compares across (chunk sizes), each a compilation of every kernel of the call."""
     values = tuple(values)
     if CONFIG.shape_classes is None or len(values) <= count:
