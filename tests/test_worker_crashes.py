@@ -56,6 +56,24 @@ def test_a_limit_read_before_the_plugin_could_raise_it_is_said():
     assert len(config.warned) == 1 and "--max-worker-restart" in config.warned[0]
 
 
+def test_workers_that_die_before_any_test_still_stop_the_run(tmp_path):
+    """What xdist's limit was for (pytest-xdist#226), kept once the limit is raised: a worker
+    that dies while starting or collecting has no test to fail and would be replaced for ever."""
+    handler = worker_crashes.WorkerCrashes(tmp_path, set(), CHECK, startup_crashes_max=4)
+    ran = object()
+    handler.pytest_xdist_node_collection_finished(node=ran, ids=["t"])
+    for _ in range(10):
+        handler.pytest_testnodedown(node=ran, error="crashed")  # died in a test: that test's restart
+        handler.pytest_testnodedown(node=object(), error=None)  # finished: no crash
+    for _ in range(4):
+        handler.pytest_testnodedown(node=object(), error="crashed while collecting")
+    with pytest.raises(pytest.exit.Exception, match="5 pytest-xdist workers died before running any test"):
+        handler.pytest_testnodedown(node=object(), error="crashed while collecting")
+    unbounded = worker_crashes.WorkerCrashes(tmp_path, set(), CHECK, startup_crashes_max=None)
+    for _ in range(10):
+        unbounded.pytest_testnodedown(node=object(), error="crashed")  # the user's --max-worker-restart rules
+
+
 def _target(check: str = "rows_sum_to_one") -> harness.Target:
     op = registry.load()["softmax"]
     impl = registry.implementations("softmax")[0]
@@ -113,7 +131,7 @@ def _crash_report(test_id: str, worker: str = "gw3") -> pytest.TestReport:
 def test_a_crash_in_an_example_becomes_a_failed_check_with_its_replay(tmp_path, in_flight):
     target = _target()
     case = _case(target)
-    handler = worker_crashes.CrashReplays(tmp_path, {target.id}, CHECK)  # at configure, before any worker
+    handler = worker_crashes.WorkerCrashes(tmp_path, {target.id}, CHECK)  # at configure, before any worker
     target._write_in_flight(case)
     report = _crash_report(target.id)
     assert handler.pytest_handlecrashitem(crashitem=report.nodeid, report=report, sched=None) is None
@@ -131,7 +149,7 @@ def test_a_crash_outside_any_example_of_the_check_names_no_case(tmp_path, in_fli
     """The worker's last case is another test's (it died before this one's first example):
     no replay of the wrong case; the check still fails, as the report's error."""
     earlier, crashed = _target("rows_sum_to_one"), _target("matches_reference")
-    handler = worker_crashes.CrashReplays(tmp_path, {earlier.id, crashed.id}, CHECK)
+    handler = worker_crashes.WorkerCrashes(tmp_path, {earlier.id, crashed.id}, CHECK)
     earlier._write_in_flight(_case(earlier))
     report = _crash_report(crashed.id)
     handler.pytest_handlecrashitem(crashitem=report.nodeid, report=report, sched=None)
@@ -141,7 +159,7 @@ def test_a_crash_outside_any_example_of_the_check_names_no_case(tmp_path, in_fli
 
 
 def test_a_crash_in_another_test_is_left_as_xdist_reported_it(tmp_path):
-    handler = worker_crashes.CrashReplays(tmp_path, {"softmax-triton-float32-rows_sum_to_one"}, CHECK)
+    handler = worker_crashes.WorkerCrashes(tmp_path, {"softmax-triton-float32-rows_sum_to_one"}, CHECK)
     report = _crash_report("not-a-check")
     before = str(report.longrepr)
     handler.pytest_handlecrashitem(crashitem=report.nodeid, report=report, sched=None)
@@ -152,7 +170,7 @@ def test_a_stale_in_flight_file_of_an_earlier_run_is_removed(tmp_path):
     stale = worker_crashes.in_flight_path(tmp_path, "gw0")
     stale.parent.mkdir(parents=True)
     stale.write_text("{}")
-    worker_crashes.CrashReplays(tmp_path, set(), CHECK)
+    worker_crashes.WorkerCrashes(tmp_path, set(), CHECK)
     assert not stale.exists()
 
 

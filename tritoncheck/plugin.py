@@ -250,9 +250,11 @@ def pytest_configure(config):
     if not _is_worker(config) and _distributed(config):
         from tritoncheck import worker_crashes
         check_ids = {t.id for t in harness.targets()}
-        worker_crashes.raise_restart_limit(config, len(check_ids))
-        config.pluginmanager.register(worker_crashes.CrashReplays(CONFIG.report_dir, check_ids, CHECK),
-                                      "tritoncheck-crash-replays")
+        raised = worker_crashes.raise_restart_limit(config, len(check_ids))
+        workers = config.getoption("numprocesses", None) or 1
+        config.pluginmanager.register(worker_crashes.WorkerCrashes(
+            CONFIG.report_dir, check_ids, CHECK, startup_crashes_max=worker_crashes.XDIST_RESTARTS_PER_WORKER * workers if raised else None),
+            "tritoncheck-worker-crashes")
 
 
 def _distributed(config) -> bool:

@@ -9,7 +9,9 @@ crashed while running '<nodeid>'". Two things that leaves out, added here:
   (xdist 3.8, ``dsession.get_default_max_worker_restart``: ``numprocesses * 4`` when the
   option is not given, read once when its ``DSession`` is created).
   :func:`raise_restart_limit` lets every check of the run crash and still leaves xdist's
-  own margin; an explicit ``--max-worker-restart`` (0 included) is the user's and stands.
+  own margin, and :class:`WorkerCrashes` keeps what xdist's limit is for: a worker that dies
+  before running any test stops the run after 4 per worker, as before. An explicit
+  ``--max-worker-restart`` (0 included) is the user's and stands, alone.
   The cost of each restart is a new worker's start: torch, Triton and the suite imported
   again and the tests collected before the next test runs: 13 checks of a softmax that
   segfaults on every call (``-n 1``, quick profile, float32) took 88 s of pytest, 6.8 s a
@@ -17,7 +19,7 @@ crashed while running '<nodeid>'". Two things that leaves out, added here:
 - the case: a failing check saves its case as replay files (``harness.save_failure``); a
   worker that died cannot. Each worker writes the case it is about to run to its in-flight
   file (``harness.set_in_flight``: one small JSON per example, overwritten, only in xdist
-  workers); :class:`CrashReplays`, on the controller, moves it to the test's replay file
+  workers); :class:`WorkerCrashes`, on the controller, moves it to the test's replay file
   when xdist reports the crash, and adds the case in words and the replay command to the
   test's failure, which the tritoncheck report then counts and names.
 """
@@ -30,6 +32,8 @@ import pytest
 
 # the report's user property that carries a crash's text to the session (tritoncheck/plugin.py)
 CRASH_PROPERTY = "tritoncheck_crash"
+# xdist's default --max-worker-restart per worker process (xdist 3.8: numprocesses * 4)
+XDIST_RESTARTS_PER_WORKER = 4
 
 
 def in_flight_path(report_dir: Path, worker: str) -> Path:
@@ -46,45 +50,69 @@ def restart_limit(check_tests: int, workers: int) -> int:
     to the new one), so a run can use at most one restart per test it runs; the checks are
     the tests that run the implementations under test (with ``--impl`` the only ones, from
     ``tritoncheck.suite``), and every one of them may now crash. xdist's 4 per worker stay
-    for what its limit is there for (pytest-xdist#226): a worker that dies before any test
-    (while starting or collecting) has no test to fail and would be replaced for ever; it
-    still stops after ``check_tests + 4 * workers`` restarts, the other tests of a run (the
-    checkout's own) keep the margin they had."""
-    return check_tests + 4 * workers
+    as they were for the other tests of a run (the checkout's own), and for what its limit
+    is there for (pytest-xdist#226): a worker that dies before any test (while starting or
+    collecting) has no test to fail and would be replaced for ever, which
+    :meth:`WorkerCrashes.pytest_testnodedown` now stops after 4 per worker on its own."""
+    return check_tests + XDIST_RESTARTS_PER_WORKER * workers
 
 
-def raise_restart_limit(config, check_tests: int) -> None:
+def raise_restart_limit(config, check_tests: int) -> bool:
     """Set xdist's ``--max-worker-restart`` to :func:`restart_limit` where the user did not
-    give one. xdist reads it when its controller session is created, in its own
+    give one; whether it did. xdist reads it when its controller session is created, in its own
     ``pytest_configure`` (trylast, as the plugin's, which pluggy calls first: it is
     registered earlier); a session already created means the default was read, said as a
     warning rather than a limit that silently stayed at 4 per worker."""
     workers = config.getoption("numprocesses", None)
     if config.getoption("maxworkerrestart", None) is not None or not isinstance(workers, int) or workers < 1:
-        return
+        return False
     if config.pluginmanager.getplugin("dsession") is not None:
         config.issue_config_time_warning(pytest.PytestConfigWarning(
             "tritoncheck: pytest-xdist read --max-worker-restart before the plugin could raise it: a kernel that "
-            f"crashes every test ends the run after {4 * workers} restarts; pass --max-worker-restart N to go on"),
+            f"crashes every test ends the run after {XDIST_RESTARTS_PER_WORKER * workers} restarts; pass "
+            "--max-worker-restart N to go on"),
             stacklevel=2)
-        return
+        return False
     config.option.maxworkerrestart = str(restart_limit(check_tests, workers))
+    return True
 
 
-class CrashReplays:
-    """The controller's handler of xdist's crash reports (registered only where xdist runs).
+class WorkerCrashes:
+    """The controller's handler of xdist's crashed workers (registered only where xdist runs).
 
     ``check_ids``: the ids of the run's checks (``harness.Target.id``), the parameter part
     of their node ids; ``report_dir``: where the workers keep their in-flight files and the
-    replay files go."""
+    replay files go; ``startup_crashes_max``: how many workers may die before running any
+    test (None: xdist's own limit alone, the one the user gave)."""
 
-    def __init__(self, report_dir: Path, check_ids: set[str], check_marker: str):
+    def __init__(self, report_dir: Path, check_ids: set[str], check_marker: str,
+                 startup_crashes_max: int | None = None):
         self.report_dir = Path(report_dir)
         self.check_ids = check_ids
         self.check_marker = check_marker
+        self.startup_crashes_max = startup_crashes_max
+        self.startup_crashes = 0
+        self._collected: set = set()  # the worker controllers that finished collecting
         # a file left by a run that was itself killed would name a case of that run
         for stale in (self.report_dir / "failures").glob(".in-flight-*.json"):
             stale.unlink(missing_ok=True)
+
+    @pytest.hookimpl
+    def pytest_xdist_node_collection_finished(self, node, ids) -> None:
+        self._collected.add(node)
+
+    @pytest.hookimpl
+    def pytest_testnodedown(self, node, error) -> None:
+        """A worker that died before it collected its tests (xdist calls this first, then
+        replaces it) counts toward ``startup_crashes_max``; past it the run stops, as xdist's
+        own limit stopped it before :func:`raise_restart_limit` raised that."""
+        if error is None or node in self._collected or self.startup_crashes_max is None:
+            return
+        self.startup_crashes += 1
+        if self.startup_crashes > self.startup_crashes_max:
+            pytest.exit(f"tritoncheck: {self.startup_crashes} pytest-xdist workers died before running any test "
+                        f"(while starting or collecting; the last: {error}); the run stops, as xdist's own limit "
+                        "would (--max-worker-restart N sets that limit instead)", returncode=pytest.ExitCode.INTERNAL_ERROR)
 
     @pytest.hookimpl
     def pytest_handlecrashitem(self, crashitem: str, report, sched) -> None:
