@@ -186,3 +186,5 @@ def test_the_report_counts_a_crashed_check_as_failed_and_names_the_crash(tmp_pat
     markdown = report.markdown(data)
     assert "## Crashed workers" in markdown and f"- `{test}`:" in markdown
     assert "  replay: python -m tritoncheck.replay x.json" in markdown
+    from tritoncheck import report_html
+    assert "<h2>Crashed workers</h2>" in report_html.page(data) and "x.json" in report_html.page(data)
