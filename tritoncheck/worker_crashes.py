@@ -60,9 +60,10 @@ def restart_limit(check_tests: int, workers: int) -> int:
 def raise_restart_limit(config, check_tests: int) -> bool:
     """Set xdist's ``--max-worker-restart`` to :func:`restart_limit` where the user did not
     give one; whether it did. xdist reads it when its controller session is created, in its own
-    ``pytest_configure`` (trylast, as the plugin's, which pluggy calls first: it is
-    registered earlier); a session already created means the default was read, said as a
-    warning rather than a limit that silently stayed at 4 per worker."""
+    ``pytest_configure``, trylast as the plugin's: pluggy calls hooks of one priority from
+    the last registered, and the plugin registers after xdist (entry point or ``-p``: the
+    six-crash run of tests/test_cli.py fails if it does not). A session already created
+    means the default was read, said as a warning rather than a limit left at 4 per worker."""
     workers = config.getoption("numprocesses", None)
     if config.getoption("maxworkerrestart", None) is not None or not isinstance(workers, int) or workers < 1:
         return False
@@ -149,7 +150,8 @@ class WorkerCrashes:
         try:
             data = json.loads(source.read_text())
         except (OSError, ValueError):
-            return None  # none written, or cut short: the worker died while writing it
+            source.unlink(missing_ok=True)  # none written, or cut short: the worker died while writing it
+            return None
         if data.pop("test", None) != test:
             source.unlink(missing_ok=True)  # an earlier test's case: its worker is gone, and so is its use
             return None
