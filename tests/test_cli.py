@@ -9,6 +9,7 @@ does the same with a non-editable install in a fresh virtual environment.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -142,17 +143,40 @@ def test_an_impl_run_without_workers_says_how_to_isolate_crashes(user_dir):
     assert done.stdout.count("no crash isolation") == 1 and "add -n 1 (pytest-xdist)" in done.stdout, done.stdout
 
 
-def test_a_segfaulting_kernel_fails_its_tests_by_name_and_the_run_goes_on(tmp_path):
+# six checks: one crash past xdist's own limit of 4 restarts per worker (-n 1: the 5th crash ended the run)
+CRASHED_CHECKS = ("matches_reference", "rows_sum_to_one", "inputs_unchanged", "calls_independent",
+                  "values_in_unit_interval", "shift_invariant")
+
+
+def test_a_segfaulting_kernel_fails_each_test_by_name_with_a_replay_and_the_run_goes_on(tmp_path):
     """The command's default worker at work: tests/crashing_kernels.py's softmax segfaults on
-    its first call; each selected test fails naming the crash, and the run reaches its summary
-    (about a minute on a loaded 2-core CPU, most of it three processes importing torch)."""
+    every call; each of six checks, more than xdist's default 4 restarts (tritoncheck/
+    worker_crashes.py raises it), fails naming the crash, with the case it was running and a
+    replay file that describes that case and passes on a correct softmax; the run reaches its
+    summary, and the report counts and names the crashes (about 75 s on a 2-core CPU, most
+    of it seven processes importing torch)."""
     shutil.copy(ROOT / "tests" / "crashing_kernels.py", tmp_path)
     done = _run(["-m", "tritoncheck", "softmax=crashing_kernels:segfaulting_softmax", "--profile", "quick",
-                 "--dtype", "float32", "--max-examples", "2", "--", "-k", "matches_reference or rows_sum_to_one"],
+                 "--dtype", "float32", "--max-examples", "2", "--", "-k", " or ".join(CRASHED_CHECKS)],
                 tmp_path, env={"PYTHONPATH": str(ROOT)})
     out = done.stdout + done.stderr
     assert done.returncode == 1, out[-3000:]
-    for check in ("matches_reference", "rows_sum_to_one"):
-        assert re.search(rf"worker 'gw\d+' crashed while running '\S*segfaulting_softmax-float32-{check}\]'", out), \
-            out[-3000:]
-    assert "2 failed" in done.stdout and "no crash isolation" not in out, done.stdout[-3000:]
+    assert f"{len(CRASHED_CHECKS)} failed" in done.stdout and "no crash isolation" not in out, done.stdout[-3000:]
+    assert "maximum crashed workers" not in out
+    verdicts = json.loads((tmp_path / "reports" / "report.json").read_text())["verdicts"]
+    for check in CRASHED_CHECKS:
+        test = f"softmax-segfaulting_softmax-float32-{check}"
+        crash = re.search(rf"worker 'gw\d+' crashed while running '\S*{test}\]'\n{check} crashed the worker .*?\n"
+                          r"(softmax\(x, temperature\) in float32.*?)\nreplay: python -m tritoncheck\.replay "
+                          r"(reports/failures/\S+\.json)", out, re.S)
+        assert crash, out[-3000:]
+        case, replay = crash.groups()
+        assert verdicts[test] == "failed" and (tmp_path / replay).is_file()
+    # the last one's file, read and run (each process imports torch: one is enough for the CPU)
+    described = _run(["-m", "tritoncheck.replay", replay, "--describe"], tmp_path, env={"PYTHONPATH": str(ROOT)})
+    assert described.returncode == 0 and case in described.stdout, described.stdout + described.stderr
+    report = (tmp_path / "reports" / "report.md").read_text()
+    assert f"{len(CRASHED_CHECKS)} check(s) took their worker process down" in report
+    fixed = _run(["-m", "tritoncheck.replay", replay, "--impl", "tritoncheck.controls.softmax:torch_softmax"],
+                 tmp_path, env={"PYTHONPATH": str(ROOT)})
+    assert fixed.returncode == 0 and "passed" in fixed.stdout, fixed.stdout + fixed.stderr

@@ -38,6 +38,17 @@ _collector = None  # the run's report.Collector, set by the plugin
 # by assume nor refused) for a test to pass, as a share of the run's max_examples; the
 # plugin states it per profile (tritoncheck/plugin.py MIN_COUNTED_SHARE) and sets it here.
 _min_counted: int | None = None
+# In an xdist worker only: the file the case about to run is written to, each example, so
+# that the controller can replay the case of a worker that dies in it (the plugin sets it;
+# tritoncheck/worker_crashes.py). None elsewhere: one process's crash ends the run anyway.
+_in_flight: Path | None = None
+
+
+def set_in_flight(path: Path | None) -> None:
+    global _in_flight
+    _in_flight = path
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
 
 
 def set_collector(collector) -> None:
@@ -143,10 +154,20 @@ class Target:
     def _retry(self, case: Case) -> None:
         """The check on the second case, outside the report's records and counts (it
         decides how to report, not what)."""
+        self._write_in_flight(case)
         with poisoned_allocations_for(self.impl.fn), autotune_configs.pinned_all(self.impl.fn, CONFIG.autotune_config):
             self.check.run(case, self.impl)
 
+    def _write_in_flight(self, case: Case) -> None:
+        """In an xdist worker, ``case`` as the replay file a crash in it would need: a spec of
+        shapes and seeds, no tensors (1.4 kB, 0.5 ms an example on this project's 2-core CPU,
+        where an example's kernel calls and fp64 reference under the interpreter take tens of
+        ms or more)."""
+        if _in_flight is not None:
+            _in_flight.write_text(json.dumps({"test": self.id, **replay_record(self, case)}))
+
     def _run(self, case: Case) -> None:
+        self._write_in_flight(case)
         # every check's comparisons with a reference count toward its vacuity verdict; the
         # reference checks' are also the rows of the tolerance report
         sink = _collector.sink(self, case, rows=self.check.name in RECORDED_CHECKS) if _collector is not None else None
@@ -392,6 +413,17 @@ def vacuous_test(test_id: str, rule: str) -> str | None:
 pretty.for_type_by_name(__name__, "Target", lambda target, p, cycle: p.text(f"Target({target.id!r})"))
 
 
+def failure_stem(test_id: str) -> str:
+    """The file name (less its suffix) of a test's replay files."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", test_id)
+
+
+def replay_record(target: Target, case: Case) -> dict:
+    """What ``python -m tritoncheck.replay`` reads: the check, the implementation and the case."""
+    return {"check": target.check.name, "impl": target.impl.target, "impl_name": target.impl.name,
+            "backend": backend.current(), "case": case.to_json()}
+
+
 def save_failure(target: Target, case: Case) -> Path:
     """Write what replays the failure: ``<id>.json`` (the case, for
     ``python -m tritoncheck.replay``), ``<id>.pt`` (the inputs themselves, strides and
@@ -400,12 +432,9 @@ def save_failure(target: Target, case: Case) -> Path:
     prints the error, then replays the failed check)."""
     folder = Path(CONFIG.report_dir) / "failures"
     folder.mkdir(parents=True, exist_ok=True)
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", target.id)
+    stem = failure_stem(target.id)
     path = folder / f"{stem}.json"
-    path.write_text(json.dumps({
-        "check": target.check.name, "impl": target.impl.target, "impl_name": target.impl.name,
-        "backend": backend.current(), "case": case.to_json(),
-    }, indent=1))
+    path.write_text(json.dumps(replay_record(target, case), indent=1))
     torch.save(case.materialise("cpu"), folder / f"{stem}.pt")
     (folder / f"{stem}.py").write_text(_SCRIPT.format(
         id=target.id, check=target.check.name, impl=target.impl.target, op=target.op.name,

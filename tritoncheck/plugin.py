@@ -29,6 +29,7 @@ from hypothesis.errors import InvalidArgument
 
 from tritoncheck import backend, devices, unrunnable
 from tritoncheck.config import CONFIG, PROFILE_SIZES, RunConfig
+from tritoncheck.worker_crashes import CRASH_PROPERTY
 
 NAME = "tritoncheck.plugin"  # the entry point's name: `-p tritoncheck.plugin` is then the same plugin
 CHECK, MUTANT, IMPL = "tritoncheck_check", "tritoncheck_mutant", "tritoncheck_impl"
@@ -246,6 +247,20 @@ def pytest_configure(config):
     except (ValueError, TypeError) as exc:  # a bad --impl, or a kernel's declarations that do not validate
         raise pytest.UsageError(str(exc)) from None
     config.pluginmanager.register(Session(config, profile, chosen), "tritoncheck-session")
+    if not _is_worker(config) and _distributed(config):
+        from tritoncheck import worker_crashes
+        check_ids = {t.id for t in harness.targets()}
+        raised = worker_crashes.raise_restart_limit(config, len(check_ids))
+        workers = config.getoption("numprocesses", None) or 1
+        config.pluginmanager.register(worker_crashes.WorkerCrashes(
+            CONFIG.report_dir, check_ids, CHECK, startup_crashes_max=worker_crashes.XDIST_RESTARTS_PER_WORKER * workers if raised else None),
+            "tritoncheck-worker-crashes")
+
+
+def _distributed(config) -> bool:
+    """Whether pytest-xdist runs this session's tests in workers (its own test of it)."""
+    return config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no" \
+        and bool(config.getoption("tx", None))
 
 
 @pytest.hookimpl(trylast=True)  # after the session's header, printed at every verbosity (-q hides the header)
@@ -369,6 +384,7 @@ class Session:
         self.nothing_checked = False
         self.unrunnable: dict[str, str] = {}  # verdict line -> its text, once per implementation and error
         self.verdicts: dict[str, str] = {}  # check id -> passed, failed, skipped, xfailed, xpassed, error
+        self.crashes: dict[str, str] = {}  # check id -> what xdist and tritoncheck said of its crashed worker
         from tritoncheck import report_shards
         self.shard = report_shards.parse(config.getoption("--shard")) if config.getoption("--shard") else None
         # A wild or misaligned access on the GPU leaves the process's CUDA context broken
@@ -384,6 +400,8 @@ class Session:
             import torch
             workers = int(config.workerinput.get("workercount", 1))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+            from tritoncheck import worker_crashes
+            harness.set_in_flight(worker_crashes.in_flight_path(CONFIG.report_dir, self.worker))
 
     @staticmethod
     def user_implementations() -> bool:
@@ -411,6 +429,8 @@ class Session:
         for key, value in report.user_properties:
             if key == unrunnable.PROPERTY:
                 self.unrunnable.setdefault(value[0], value[1])
+            if key == CRASH_PROPERTY:
+                self.crashes[report.nodeid.partition("[")[2].rstrip("]")] = value
         self._record_verdict(report)
         if report.when == "call" or (report.when == "setup" and report.skipped):
             if report.skipped:
@@ -494,6 +514,8 @@ class Session:
         harness.collector().dump(CONFIG.report_dir / "parts", self.worker or "main",
                                  gpu=devices.current_gpu(self.backend))
         if self.worker is not None:
+            from tritoncheck import worker_crashes
+            worker_crashes.in_flight_path(CONFIG.report_dir, self.worker).unlink(missing_ok=True)
             return
         device = torch.cuda.get_device_name() if self.backend == "cuda" else "cpu (Triton interpreter)"
         import triton
@@ -504,7 +526,7 @@ class Session:
                 "shard": "{}/{}".format(*self.shard) if self.shard else None}
         from tritoncheck import report_files
         self.report = report.build(CONFIG.report_dir, self.skipped, meta, limits=self._declared_limits(),
-                                   verdicts=self.verdicts)
+                                   verdicts=self.verdicts, crashes=self.crashes)
         report_files.write(CONFIG.report_dir, self.report)
         if self.user_implementations() and self.counted == 0 and exitstatus in (0, 5):
             # Every check of the user's implementation was skipped: nothing was verified.
@@ -531,12 +553,15 @@ class Session:
             tr.section("mutation self-test")
             for line in _kill_summary(self.kills):
                 tr.write_line(line)
-        if not data["outputs"] and not self.skipped and not data["statistical"]["tests"]:
+        if not data["outputs"] and not self.skipped and not data["statistical"]["tests"] and not data["crashes"]:
             return
         from tritoncheck.report_summary import summary_text
         if summary_text(data):
             tr.section("tritoncheck summary")
             tr.write_line(summary_text(data))
+        if data["crashes"]:
+            tr.write_line(f"{len(data['crashes'])} check(s) took their worker process down (failed; the case and "
+                          f"its replay are in each failure above): {', '.join(data['crashes'])}", red=True)
         tr.section("tolerance report")
         if data["outputs"]:
             tr.write_line(report.table(data))

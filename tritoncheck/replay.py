@@ -1,6 +1,7 @@
 """Replay one failing case, exactly, without Hypothesis or pytest.
 
     python -m tritoncheck.replay reports/failures/<test id>.json [--impl module:function]
+    python -m tritoncheck.replay reports/failures/<test id>.json --describe   # the case, not run
 
 The file, written by the suite when a check fails, holds the check's name, the
 implementation's import path and the case (shapes, layouts, dtype, value family,
@@ -19,8 +20,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file")
     parser.add_argument("--impl", help="module:function to run instead of the recorded implementation")
     parser.add_argument("--backend", default=None, help="cuda or interpret (default: the recorded backend)")
+    parser.add_argument("--describe", action="store_true",
+                        help="print the check, the implementation and the case in words, and run nothing (a case "
+                             "that crashed its process can be read before it is run again)")
     args = parser.parse_args(argv)
     data = json.loads(open(args.file).read())
+    if args.describe:
+        from tritoncheck.strategies import Case
+        print(f"{data['check']} of {data.get('impl_name')} ({data.get('impl')}) on {data.get('backend')}:\n"
+              f"{Case.from_json(data['case']).describe()}")
+        return 0
 
     from tritoncheck import backend
     backend.select(args.backend or data.get("backend", "auto"))

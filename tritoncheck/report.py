@@ -282,13 +282,15 @@ def statistical_line(report: dict) -> str:
 
 
 def build(folder: Path, skipped: list[dict], meta: dict, limits: dict | None = None,
-          verdicts: dict[str, str] | None = None) -> dict:
-    """The report of a run from its processes' parts; ``verdicts``: test id -> outcome."""
+          verdicts: dict[str, str] | None = None, crashes: dict[str, str] | None = None) -> dict:
+    """The report of a run from its processes' parts; ``verdicts``: test id -> outcome;
+    ``crashes``: test id -> what was said of the worker that died in it (a failed verdict)."""
     merged = merge(folder)
     return assemble(merged["rows"], {"examples": merged["examples"], "invalid": merged["invalid"],
                                      "refused": merged["refused"], "undeclared": merged["undeclared"]},
                     meta=meta, skipped=skipped, limits=limits or {}, verdicts=verdicts or {},
-                    coverage=merged["coverage"], timing=timings(merged["seconds"]), gpu=merged["gpu"])
+                    coverage=merged["coverage"], timing=timings(merged["seconds"]), gpu=merged["gpu"],
+                    crashes=crashes)
 
 
 def row_order(row: dict) -> tuple:
@@ -331,7 +333,8 @@ def slim(rows: list[dict]) -> list[dict]:
 
 
 def assemble(rows: list[dict], per_test: dict, *, meta: dict, skipped: list[dict], limits: dict,
-             verdicts: dict[str, str], coverage: dict, timing: dict, gpu: dict) -> dict:
+             verdicts: dict[str, str], coverage: dict, timing: dict, gpu: dict,
+             crashes: dict[str, str] | None = None) -> dict:
     """The report from its raw records: the recorded comparisons (``rows``), the per-test
     counts (``per_test``: examples, invalid, refused, undeclared), the verdicts and the
     coverage tallies. A run and the merge of its shards both come through here."""
@@ -345,6 +348,7 @@ def assemble(rows: list[dict], per_test: dict, *, meta: dict, skipped: list[dict
         "meta": meta,
         "outputs": summarise(rows),
         "verdicts": dict(sorted(verdicts.items())),
+        "crashes": dict(sorted((crashes or {}).items())),
         "coverage_per_test": dict(sorted(coverage.items())),
         "examples_per_test": dict(sorted(examples.items())),
         "invalid_per_test": dict(sorted(invalid.items())),
@@ -560,7 +564,7 @@ def timing_line(report: dict) -> str | None:
 
 def markdown(report: dict) -> str:
     m = report["meta"]
-    lines = ["# Tolerance report", "", summary_markdown(report), "## Outputs", "",
+    lines = ["# Tolerance report", "", summary_markdown(report), *crash_section(report), "## Outputs", "",
              f"Backend `{m.get('backend')}`, profile `{m.get('profile')}`, device {m.get('device')}, "
              f"{report['created']}. Headroom is the largest error divided by its allowance (<= 1 passes). "
              f"Tolerance mode `{m.get('tolerance', 'derived')}`"
@@ -604,6 +608,18 @@ def markdown(report: dict) -> str:
         for s in report["skipped"]:
             lines.append(f"| `{s['test']}` | {s['outcome']} | {s['reason']} |")
     return "\n".join(lines) + "\n"
+
+
+def crash_section(report: dict) -> list[str]:
+    """The checks whose worker died (a failed verdict each), with what was said of it: the
+    case that was running and its replay command, where one was."""
+    crashes = report.get("crashes") or {}
+    if not crashes:
+        return []
+    lines = ["## Crashed workers", "", f"{len(crashes)} check(s) took their worker process down (failed):", ""]
+    for test, text in crashes.items():
+        lines += [f"- `{test}`:", "", "  ```", *(f"  {line}" for line in text.strip().splitlines()), "  ```"]
+    return lines + [""]
 
 
 def clear_parts(folder: Path) -> None:

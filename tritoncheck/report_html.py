@@ -45,6 +45,11 @@ def page(report: dict) -> str:
         "output dtype at the output's scale; vs torch: the kernel's error / plain PyTorch's where PyTorch's is "
         "nonzero; vacuous: counted elements whose allowance reached |expected|. docs/report-schema.md.</small></p>",
     ]
+    crashes = report.get("crashes") or {}
+    if crashes:
+        sections.append("<h2>Crashed workers</h2><ul>" + "".join(
+            f"<li><code>{esc(test)}</code><pre>{esc(text.strip())}</pre></li>" for test, text in crashes.items())
+            + "</ul>")
     refusals = rp.refusal_lines(report)
     if refusals:
         sections.append("<h2>Refusals per op and dtype</h2><ul>" + "".join(f"<li>{esc(x)}</li>" for x in refusals)

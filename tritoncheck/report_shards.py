@@ -60,7 +60,7 @@ def merge(reports: list[dict]) -> dict:
     per_test: dict[str, dict] = {"examples": {}, "invalid": {}, "refused": {}, "undeclared": {}}
     keys = {"examples": "examples_per_test", "invalid": "invalid_per_test", "refused": "refusals_per_test",
             "undeclared": "undeclared_refusals_per_test"}
-    rows, skipped, limits, verdicts, coverage, timing, gpu = [], [], {}, {}, {}, {}, {}
+    rows, skipped, limits, verdicts, coverage, timing, gpu, crashes = [], [], {}, {}, {}, {}, {}, {}
     for r in reports:
         twice = set(verdicts) & set(r.get("verdicts", {}))
         if twice:
@@ -71,13 +71,14 @@ def merge(reports: list[dict]) -> dict:
             per_test[key].update(r.get(name, {}))
         limits.update(r.get("limits", {}))
         verdicts.update(r.get("verdicts", {}))
+        crashes.update(r.get("crashes", {}))
         coverage.update(r.get("coverage_per_test", {}))
         timing.update(r.get("timing_per_test", {}))
         gpu.update(r.get("gpu_per_test", {}))
     meta = {k: v for k, v in first.items() if k != "shard"}
     meta["merged_from"] = [s or "whole run" for s in shards]
     return report.assemble(rows, per_test, meta=meta, skipped=skipped, limits=limits, verdicts=verdicts,
-                           coverage=coverage, timing=timing, gpu=gpu)
+                           coverage=coverage, timing=timing, gpu=gpu, crashes=crashes)
 
 
 def merge_files(paths: list[Path], out: Path) -> dict:

@@ -1,0 +1,190 @@
+"""tritoncheck/worker_crashes.py and its harness side, in process: xdist's restart limit
+raised unless the user set one, each example's in-flight case in a worker, and the crash
+report xdist builds turned into a failed check with its replay. The same through the
+``tritoncheck`` command, with a kernel that segfaults: tests/test_cli.py."""
+from __future__ import annotations
+
+import json
+import types
+import warnings
+
+import pytest
+
+from tritoncheck import backend
+
+backend.select("interpret")
+
+from tritoncheck import harness, registry, report, worker_crashes  # noqa: E402
+from tritoncheck.plugin import CHECK  # noqa: E402
+
+NODE = "suite.py::test_check[{}]"
+
+
+class FakeConfig:
+    """What raise_restart_limit reads of a pytest config: the two xdist options and whether
+    xdist's controller session exists yet."""
+
+    def __init__(self, numprocesses, maxworkerrestart=None, dsession=None):
+        self.option = types.SimpleNamespace(numprocesses=numprocesses, maxworkerrestart=maxworkerrestart)
+        self.pluginmanager = types.SimpleNamespace(getplugin=lambda name: dsession if name == "dsession" else None)
+        self.warned = []
+
+    def getoption(self, name, default=None):
+        return getattr(self.option, name, default)
+
+    def issue_config_time_warning(self, warning, stacklevel):
+        self.warned.append(str(warning))
+
+
+@pytest.mark.parametrize("workers, given, expected", [
+    (1, None, "17"),  # 13 checks and xdist's own 4 a worker
+    (3, None, "25"),
+    (1, "0", "0"),  # restarts turned off by the user: kept
+    (2, "7", "7"),
+    (0, None, None),  # no workers: nothing to restart
+])
+def test_the_restart_limit_is_raised_unless_the_user_gave_one(workers, given, expected):
+    config = FakeConfig(workers, given)
+    worker_crashes.raise_restart_limit(config, check_tests=13)
+    assert config.option.maxworkerrestart == expected and not config.warned
+
+
+def test_a_limit_read_before_the_plugin_could_raise_it_is_said():
+    config = FakeConfig(1, dsession=object())
+    worker_crashes.raise_restart_limit(config, check_tests=13)
+    assert config.option.maxworkerrestart is None
+    assert len(config.warned) == 1 and "--max-worker-restart" in config.warned[0]
+
+
+def test_workers_that_die_before_any_test_still_stop_the_run(tmp_path):
+    """What xdist's limit was for (pytest-xdist#226), kept once the limit is raised: a worker
+    that dies while starting or collecting has no test to fail and would be replaced for ever."""
+    handler = worker_crashes.WorkerCrashes(tmp_path, set(), CHECK, startup_crashes_max=4)
+    ran = object()
+    handler.pytest_xdist_node_collection_finished(node=ran, ids=["t"])
+    for _ in range(10):
+        handler.pytest_testnodedown(node=ran, error="crashed")  # died in a test: that test's restart
+        handler.pytest_testnodedown(node=object(), error=None)  # finished: no crash
+    for _ in range(4):
+        handler.pytest_testnodedown(node=object(), error="crashed while collecting")
+    with pytest.raises(pytest.exit.Exception, match="5 pytest-xdist workers died before running any test"):
+        handler.pytest_testnodedown(node=object(), error="crashed while collecting")
+    unbounded = worker_crashes.WorkerCrashes(tmp_path, set(), CHECK, startup_crashes_max=None)
+    for _ in range(10):
+        unbounded.pytest_testnodedown(node=object(), error="crashed")  # the user's --max-worker-restart rules
+
+
+def _target(check: str = "rows_sum_to_one") -> harness.Target:
+    op = registry.load()["softmax"]
+    impl = registry.implementations("softmax")[0]
+    return harness.Target(op, impl, op.dtypes[0], {c.name: c for c in op.checks}[check])
+
+
+def _case(target: harness.Target):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    drawn = []
+
+    @settings(max_examples=1, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def draw(data):
+        drawn.append(target.draw(data))
+
+    draw()
+    return drawn[0]
+
+
+def _as_json(record: dict) -> dict:
+    return json.loads(json.dumps(record))
+
+
+@pytest.fixture
+def in_flight(tmp_path):
+    path = worker_crashes.in_flight_path(tmp_path, "gw3")
+    harness.set_in_flight(path)
+    yield path
+    harness.set_in_flight(None)
+
+
+def test_a_worker_writes_each_case_before_running_it_and_no_other_process_does(tmp_path, in_flight):
+    target = _target()
+    case = _case(target)
+    target._write_in_flight(case)
+    data = json.loads(in_flight.read_text())
+    assert data == _as_json({"test": target.id, **harness.replay_record(target, case)})
+    harness.set_in_flight(None)
+    in_flight.unlink()
+    target._write_in_flight(case)
+    assert not in_flight.exists()
+
+
+def _crash_report(test_id: str, worker: str = "gw3") -> pytest.TestReport:
+    """The report xdist's DSession.handle_crashitem builds (xdist 3.8) before the hook."""
+    nodeid = NODE.format(test_id)
+    report = pytest.TestReport(nodeid=nodeid, location=("suite.py", None, "suite.py"), keywords={},
+                               outcome="failed", longrepr=f"worker {worker!r} crashed while running {nodeid!r}",
+                               when="???")
+    report.node = types.SimpleNamespace(gateway=types.SimpleNamespace(id=worker))
+    return report
+
+
+def test_a_crash_in_an_example_becomes_a_failed_check_with_its_replay(tmp_path, in_flight):
+    target = _target()
+    case = _case(target)
+    handler = worker_crashes.WorkerCrashes(tmp_path, {target.id}, CHECK)  # at configure, before any worker
+    target._write_in_flight(case)
+    report = _crash_report(target.id)
+    assert handler.pytest_handlecrashitem(crashitem=report.nodeid, report=report, sched=None) is None
+    replay = tmp_path / "failures" / f"{harness.failure_stem(target.id)}.json"
+    assert json.loads(replay.read_text()) == _as_json(harness.replay_record(target, case))
+    assert not in_flight.exists()
+    assert report.failed and report.when == "call" and CHECK in report.keywords
+    text = str(report.longrepr)
+    assert text.startswith("worker 'gw3' crashed while running") and case.describe() in text
+    assert f"replay: python -m tritoncheck.replay {replay}" in text
+    assert report.user_properties == [(worker_crashes.CRASH_PROPERTY, text)]
+
+
+def test_a_crash_outside_any_example_of_the_check_names_no_case(tmp_path, in_flight):
+    """The worker's last case is another test's (it died before this one's first example):
+    no replay of the wrong case; the check still fails, as the report's error."""
+    earlier, crashed = _target("rows_sum_to_one"), _target("matches_reference")
+    handler = worker_crashes.WorkerCrashes(tmp_path, {earlier.id, crashed.id}, CHECK)
+    earlier._write_in_flight(_case(earlier))
+    report = _crash_report(crashed.id)
+    handler.pytest_handlecrashitem(crashitem=report.nodeid, report=report, sched=None)
+    assert "no case was running" in str(report.longrepr) and "replay:" not in str(report.longrepr)
+    assert report.when == "???" and CHECK in report.keywords and report.failed
+    assert not in_flight.exists() and not list((tmp_path / "failures").glob("*.json"))
+
+
+def test_a_crash_in_another_test_is_left_as_xdist_reported_it(tmp_path):
+    handler = worker_crashes.WorkerCrashes(tmp_path, {"softmax-triton-float32-rows_sum_to_one"}, CHECK)
+    report = _crash_report("not-a-check")
+    before = str(report.longrepr)
+    handler.pytest_handlecrashitem(crashitem=report.nodeid, report=report, sched=None)
+    assert str(report.longrepr) == before and report.keywords == {} and report.user_properties == []
+
+
+def test_a_stale_in_flight_file_of_an_earlier_run_is_removed(tmp_path):
+    stale = worker_crashes.in_flight_path(tmp_path, "gw0")
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    worker_crashes.WorkerCrashes(tmp_path, set(), CHECK)
+    assert not stale.exists()
+
+
+def test_the_report_counts_a_crashed_check_as_failed_and_names_the_crash(tmp_path):
+    test = "softmax-segfaulting_softmax-float32-rows_sum_to_one"
+    text = "worker 'gw0' crashed while running '...'\nreplay: python -m tritoncheck.replay x.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        data = report.build(tmp_path, [], {"backend": "interpret", "profile": "quick"},
+                            verdicts={test: "failed"}, crashes={test: text})
+    [entry] = data["summary"]
+    assert entry["failed"] == 1 and entry["failed_checks"] == ["rows_sum_to_one"]
+    markdown = report.markdown(data)
+    assert "## Crashed workers" in markdown and f"- `{test}`:" in markdown
+    assert "  replay: python -m tritoncheck.replay x.json" in markdown
+    from tritoncheck import report_html
+    assert "<h2>Crashed workers</h2>" in report_html.page(data) and "x.json" in report_html.page(data)
