@@ -178,6 +178,12 @@ def main() -> int:
                         help="run this many rows at once, each on a GPU of its own (CUDA_VISIBLE_DEVICES): on a host "
                              "of G GPUs and 16 G cores, each row has what a one-GPU machine has")
     args = parser.parse_args()
+    if args.gpus > 1:
+        import torch
+        # a row given a GPU the machine lacks sees none (CUDA_VISIBLE_DEVICES) and skips every test
+        if args.backend == "interpret" or torch.cuda.device_count() < args.gpus:
+            parser.error(f"--gpus {args.gpus}: this machine has {torch.cuda.device_count()} GPU(s) for the cuda "
+                         f"backend; pass --gpus 1 (rows one after another) or at most the GPUs it has")
     print(f"device: {device(args.backend)}; profile {args.profile}; dtypes {', '.join(args.dtype) or 'all'}; "
           f"{args.workers} worker process(es) per run unless the row says; pytest s: first test to last verdict; "
           f"wall s: the whole child process; keys: distinct compile keys of the cold run")

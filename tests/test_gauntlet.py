@@ -70,8 +70,9 @@ def test_the_reference_is_computed_from_the_inputs_as_they_were_before_the_call(
     out = cheats.input_mutated(values["gate"], values["up"])
     after_call, _ = op.expected(case, values)
     from_snapshot, _ = op.expected(case, before)
-    assert (after_call["y"] == out.double().numpy()).all()  # a reference read after the call is fooled
-    assert not (from_snapshot["y"] == out.double().numpy()).all()
+    got = out.double().cpu().numpy()
+    assert (after_call["y"] == got).all()  # a reference read after the call is fooled
+    assert not (from_snapshot["y"] == got).all()
     assert before["up"].data_ptr() != values["up"].data_ptr()  # the snapshot is a copy, not a view
 
 
@@ -89,7 +90,7 @@ def test_autotune_configs_run_in_turn_each_on_fresh_poisoned_outputs():
     it times them on one shared buffer (triton#9230). In turn, config 1 runs alone on a
     fresh NaN output, and its missing store shows."""
     fn = cheats.autotune_config_skips_writes
-    gate, up = torch.randn(300), torch.randn(300)
+    gate, up = torch.randn(300, device=backend.device()), torch.randn(300, device=backend.device())
     want = torch.nn.functional.silu(gate.double()) * up.double()
     outs = []
     for _ in range(2):

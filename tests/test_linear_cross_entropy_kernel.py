@@ -167,14 +167,21 @@ def test_controls_agree_with_the_kernel(control):
 
 # ------------------------------------------------------------------------------ mutants
 
-def _loss_gap(fn, n=20, v=70, softcap=0.0, reduction="mean", ignored=(1,)):
+# the mutants' triggers need N past one row block and V past two vocabulary chunks of the
+# backend in use (16 x 32 interpreted, 64 x 128 on a GPU): sizes just past them, not fixed
+# ones (at N = 20, V = 70 a GPU's single block hid three planted bugs)
+_BLOCK_N, _, _BLOCK_V = kl._blocks(torch.device(DEVICE))
+TRIGGER_N, TRIGGER_V = _BLOCK_N + 4, 2 * _BLOCK_V + 6
+
+
+def _loss_gap(fn, n=TRIGGER_N, v=TRIGGER_V, softcap=0.0, reduction="mean", ignored=(1,)):
     x, w = _rand((n, 12), seed=18), _rand((v, 12), seed=19)
     t = _targets(n, v, seed=20, ignored=ignored)
     return _gap(fn(x, w, t, softcap=softcap, reduction=reduction), linear_cross_entropy(x, w, t, softcap=softcap,
                                                                                         reduction=reduction))
 
 
-def _grad_gap(fn, n=20, v=70, softcap=0.0):
+def _grad_gap(fn, n=TRIGGER_N, v=TRIGGER_V, softcap=0.0):
     x0, w0 = _rand((n, 12), seed=21), _rand((v, 12), seed=22, scale=2.0)
     t = _targets(n, v, seed=23, ignored=(2,))
     grads = []
@@ -204,7 +211,7 @@ def _second_backward_differs(fn):
 
 
 MUTANT_TRIGGERS = {
-    "dweight_last_row_block_only": (lambda f: _grad_gap(f, n=40), 0.01),
+    "dweight_last_row_block_only": (lambda f: _grad_gap(f, n=2 * _BLOCK_N + 8), 0.01),
     "chunk_boundary_overlap": (lambda f: _loss_gap(f), 1e-3),
     "ignored_rows_in_mean": (lambda f: _loss_gap(f, ignored=(1, 2, 3)), 1e-3),
     "softcap_missing_in_backward": (lambda f: _grad_gap(f, softcap=1.0), 0.01),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import tritoncheck
-from tritoncheck import verifier
+from tritoncheck import backend, verifier
 
 CONTROL = "tritoncheck.controls.softmax:torch_softmax"
 CHEAT = "tritoncheck.mutants.cheats:shape_keyed_cache"
@@ -56,9 +56,17 @@ def test_a_segfault_is_a_failed_verdict_naming_the_signal_and_the_case(tmp_path)
 
 
 def test_an_out_of_bounds_store_that_corrupts_the_heap_is_a_failed_verdict(tmp_path):
+    """Under the interpreter the store runs through the host heap and kills the child (a
+    signal); on a GPU it is an illegal address that CUDA reports as an error of the call
+    (the context is lost, the child lives): either way a failed verdict naming it, with the
+    case's replay."""
     verdict = _verify("crashing_kernels:oob_writing_softmax", tmp_path, checks=("matches_reference",))
-    assert not verdict.passed and verdict.failure.ending == verifier.DIED, verdict.summary()
-    assert "SIG" in verdict.failure.message and verdict.failure.replay
+    if backend.current() == "cuda":
+        assert not verdict.passed and verdict.failure.ending == verifier.ERROR, verdict.summary()
+        assert "CUDA error" in verdict.failure.message and verdict.failure.replay
+    else:
+        assert not verdict.passed and verdict.failure.ending == verifier.DIED, verdict.summary()
+        assert "SIG" in verdict.failure.message and verdict.failure.replay
 
 
 def test_a_hang_is_a_failed_verdict_after_the_example_timeout(tmp_path):

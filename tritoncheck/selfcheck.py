@@ -392,6 +392,19 @@ def _hunt_mutant(target: str, check_name: str, dtype_name: str, examples: int, b
     return hunt(op, as_implementation(m), check, getattr(torch, dtype_name), examples, base_seed)
 
 
+def not_runnable_here(m, check_name: str) -> str | None:
+    """Why mutant ``m`` cannot be hunted with ``check_name`` here in any dtype (the reason of
+    the first), or None when some dtype can run: a mutant of a distributed op on a machine
+    with fewer GPUs than ranks, say, is not reached here, which is not a survival."""
+    op = registry.load()[m.op]
+    check = {c.name: c for c in op.checks}.get(check_name)
+    if check is None:
+        return None  # kill() says so, as a failure
+    impl = as_implementation(m)
+    reasons = [runnable(op, impl, check, dtype) for dtype in op.dtypes]
+    return None if not all(reasons) else reasons[0]
+
+
 def kill(m, check_name: str) -> Verdict:
     """Hunt mutant ``m`` with ``check_name`` in each dtype until the check's assertion
     fails (:attr:`Verdict.killed`). A crash, hang or death in one dtype is no kill: it
