@@ -10,12 +10,8 @@ import warnings
 
 import pytest
 
-from tritoncheck import backend
-
-backend.select("interpret")
-
-from tritoncheck import harness, registry, report, worker_crashes  # noqa: E402
-from tritoncheck.plugin import CHECK  # noqa: E402
+from tritoncheck import harness, registry, report, worker_crashes
+from tritoncheck.plugin import CHECK
 
 NODE = "suite.py::test_check[{}]"
 
