@@ -51,6 +51,16 @@ def elu_feature_map_grad(x, dy, dx, p: Precision) -> np.ndarray:
     return (SAFETY * rel * dxf + p.store * dxf + stored_y + p.floor).cpu().numpy()
 
 
+def _misread(a: torch.Tensor) -> torch.Tensor:
+    """How far a dot may read a non-negative fp32 operand ``a`` from its value, per element:
+    all of it below fp32's smallest normal F (a GPU flushes subnormal operands), and the
+    low part a - tf32(a) (at most 2^-11 a, itself subnormal, so flushed) of a "tf32x3"
+    dot's operand below 2^11 F; above, the dot unit covers it. (Seen on an H200: q within
+    2^4 F of fp32's normals, the state 1e37, o off by 1e-4 of itself, 3.6 x the old rule.)"""
+    a = a.abs()
+    return torch.where(a < DOT_READ_FLOOR, a, torch.where(a < 2.0**11 * DOT_READ_FLOOR, 2.0**-11 * a, 0.0))
+
+
 def linear_attention(q, k, v, o, causal: bool, eps: float, p: Precision) -> np.ndarray:
     """Allowed absolute error of o_i = (q_i S_i) / (q_i . z_i + eps) (S_i, z_i over j <= i
     when causal, over all j otherwise), q, k >= 0 and v of any sign, per element.
@@ -60,7 +70,7 @@ def linear_attention(q, k, v, o, causal: bool, eps: float, p: Precision) -> np.n
     with q_i (sum_error(D)) the numerator errs relative to M_i = q_i . P_i =
     sum_j (q_i . k_j) |v_j| (fp64, :func:`~tritoncheck.references.linear_attention.causal_state_reads`).
     Each product is a tl.dot's (``p.dot``, :func:`declared_dot`, plus DOT_READ_FLOOR
-    times the other operand); a chunked causal kernel goes through the scores (Q K^T,
+    times the other operand, and q's misread part ``_misread(q)`` read as M reads q); a chunked causal kernel goes through the scores (Q K^T,
     then A V): two dot units per term. The denominator d_i = q_i . z_i + eps has positive
     terms: (sum_error(n_i) + sum_error(D) + dot + u) relative. fp16/bf16 inputs and their
     products are exact in fp32; accumulation is fp32.
@@ -94,10 +104,14 @@ def linear_attention(q, k, v, o, causal: bool, eps: float, p: Precision) -> np.n
     uc, ui, fl = p.compute, unit_roundoff(p.dtype), _la_half_subnormal(p.dtype)
     e_sum = sum_error(n, uc) + float(sum_error(D, uc))
     # operands misread by DOT_READ_FLOOR F: k v^T (or q k^T) products err by F (|v| + |k|)
-    # over j, reading with q adds F (q1 + the read sums); 2: the causal kernel's two dots
+    # over j, reading with q adds F (q1 + the read sums); 2: the causal kernel's two dots.
+    # q itself misread by r(q) (below) errs by r(q) . P with P = sum_j k_j |v_j|^T, read
+    # exactly as M is with q (|k_j|_1 may be far above 1: F (v1 + k1) does not bound it)
     v1 = torch.cumsum(va, dim=2) if causal else va.sum(dim=2, keepdim=True).expand(va.shape)
     k1 = z.sum(dim=-1, keepdim=True)
-    reads = 2 * DOT_READ_FLOOR * (q1 + 1) * (v1 + k1 + 1)
+    rq = _misread(q)
+    q_reads = causal_state_reads(rq, k, va) if causal else rq @ (k.transpose(-1, -2) @ va)
+    reads = 2 * DOT_READ_FLOOR * (q1 + 1) * (v1 + k1 + 1) + 2 * q_reads
     num_err = (e_sum + 2 * p.dot + 3 * ui) * m_abs + fl * (q1 * (n + 1) + 1 + v1) + reads
     den_err = (e_sum + p.dot + uc + 3 * ui) * den + fl * (q1 + 2) + DOT_READ_FLOOR * (q1 + k1)
     oa = torch.where(torch.isfinite(o), o, 0.0).abs()
