@@ -27,11 +27,15 @@ def torch_elu_feature_map(x: torch.Tensor) -> torch.Tensor:
 
 
 def torch_linear_attention(q, k, v, causal=False, eps=1e-6):
-    """Linear attention with einsum (bidirectional) or cumsum (causal), in the input dtype."""
+    """Linear attention with einsum (bidirectional) or cumsum (causal), each intermediate
+    stored in the input dtype. The prefix sums accumulate in fp32 (``dtype=torch.float32``),
+    stored once in the input dtype, as the rule models: CUDA's fp16/bf16 ``cumsum`` adds in
+    the input dtype (``std::plus<scalar_t>``, a rounding per term; the CPU's accumulates in
+    fp32), and over 357 terms its bf16 state put o 14 u(bf16) off on an H200, past the rule."""
     if causal:
         kv = torch.einsum("bhnd,bhne->bhnde", k, v)
-        S = torch.cumsum(kv, dim=2)  # [B, H, N, D, Dv], input dtype
-        z = torch.cumsum(k, dim=2)
+        S = torch.cumsum(kv, dim=2, dtype=torch.float32).to(kv.dtype)  # [B, H, N, D, Dv]
+        z = torch.cumsum(k, dim=2, dtype=torch.float32).to(k.dtype)
         num = torch.einsum("bhnd,bhnde->bhne", q, S)
         den = torch.einsum("bhnd,bhnd->bhn", q, z) + eps
     else:
