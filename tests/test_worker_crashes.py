@@ -23,6 +23,7 @@ class FakeConfig:
     def __init__(self, numprocesses, maxworkerrestart=None, dsession=None):
         self.option = types.SimpleNamespace(numprocesses=numprocesses, maxworkerrestart=maxworkerrestart)
         self.pluginmanager = types.SimpleNamespace(getplugin=lambda name: dsession if name == "dsession" else None)
+        self.stash = pytest.Stash()
         self.warned = []
 
     def getoption(self, name, default=None):
@@ -50,6 +51,21 @@ def test_a_limit_read_before_the_plugin_could_raise_it_is_said():
     worker_crashes.raise_restart_limit(config, check_tests=13)
     assert config.option.maxworkerrestart is None
     assert len(config.warned) == 1 and "--max-worker-restart" in config.warned[0]
+
+
+@pytest.mark.parametrize("xdist_read_first", [True, False])
+def test_a_provisional_limit_stands_where_xdist_read_it_and_gives_way_to_the_count(xdist_read_first):
+    """The plugin sets PROVISIONAL_LIMIT before every configure (a checkout run that loads it
+    from conftest.py had xdist read the option first, on an H200); where xdist reads later,
+    the run's own count replaces it. A user's value is never touched."""
+    config = FakeConfig(1, dsession=object() if xdist_read_first else None)
+    worker_crashes.provisional_limit(config)
+    assert config.option.maxworkerrestart == str(worker_crashes.PROVISIONAL_LIMIT)
+    assert worker_crashes.raise_restart_limit(config, check_tests=13) and not config.warned
+    assert config.option.maxworkerrestart == (str(worker_crashes.PROVISIONAL_LIMIT) if xdist_read_first else "17")
+    users = FakeConfig(1, "3")
+    worker_crashes.provisional_limit(users)
+    assert not worker_crashes.raise_restart_limit(users, check_tests=13) and users.option.maxworkerrestart == "3"
 
 
 def test_workers_that_die_before_any_test_still_stop_the_run(tmp_path):

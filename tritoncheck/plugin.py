@@ -213,6 +213,13 @@ def pytest_cmdline_main(config):
     return None
 
 
+@pytest.hookimpl(tryfirst=True, specname="pytest_configure")  # before xdist's (trylast) reads the option
+def _restart_limit_before_xdist(config):
+    if active(config) and not _is_worker(config) and _distributed(config):
+        from tritoncheck import worker_crashes
+        worker_crashes.provisional_limit(config)
+
+
 @pytest.hookimpl(trylast=True)  # after Hypothesis's plugin loads --hypothesis-profile, so --max-examples caps it
 def pytest_configure(config):
     for name, text in MARKERS.items():

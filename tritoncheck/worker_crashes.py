@@ -57,17 +57,38 @@ def restart_limit(check_tests: int, workers: int) -> int:
     return check_tests + XDIST_RESTARTS_PER_WORKER * workers
 
 
+# Set before any plugin's configure, where the check count is not known yet: a checkout run
+# that loads the plugin from its conftest.py had xdist read the option first (an H200 run
+# warned so). One restart per test needs fewer than this; the startup guard of WorkerCrashes
+# stops the runaway restarts that xdist's limit is for.
+PROVISIONAL_LIMIT = 100_000
+_PROVISIONAL = pytest.StashKey[bool]()
+
+
+def provisional_limit(config) -> None:
+    """Before xdist reads it: PROVISIONAL_LIMIT where the user gave no ``--max-worker-restart``
+    (:func:`raise_restart_limit` puts the run's own count in its place where xdist reads later)."""
+    if config.getoption("maxworkerrestart", None) is None:
+        config.option.maxworkerrestart = str(PROVISIONAL_LIMIT)
+        config.stash[_PROVISIONAL] = True
+
+
 def raise_restart_limit(config, check_tests: int) -> bool:
     """Set xdist's ``--max-worker-restart`` to :func:`restart_limit` where the user did not
-    give one; whether it did. xdist reads it when its controller session is created, in its own
-    ``pytest_configure``, trylast as the plugin's: pluggy calls hooks of one priority from
-    the last registered, and the plugin registers after xdist (entry point or ``-p``: the
-    six-crash run of tests/test_cli.py fails if it does not). A session already created
-    means the default was read, said as a warning rather than a limit left at 4 per worker."""
+    give one; whether it is raised. xdist reads it when its controller session is created, in
+    its own ``pytest_configure`` (trylast, as this count's caller): where that session exists
+    already, the PROVISIONAL_LIMIT set before every configure (:func:`provisional_limit`) is
+    what it read, and it stands. Without it (a caller that skipped the provisional step), a
+    session already created means xdist's default was read: said as a warning."""
     workers = config.getoption("numprocesses", None)
-    if config.getoption("maxworkerrestart", None) is not None or not isinstance(workers, int) or workers < 1:
+    if not isinstance(workers, int) or workers < 1:
         return False
+    provisional = config.stash.get(_PROVISIONAL, False)
+    if config.getoption("maxworkerrestart", None) is not None and not provisional:
+        return False  # the user's
     if config.pluginmanager.getplugin("dsession") is not None:
+        if provisional:
+            return True
         config.issue_config_time_warning(pytest.PytestConfigWarning(
             "tritoncheck: pytest-xdist read --max-worker-restart before the plugin could raise it: a kernel that "
             f"crashes every test ends the run after {XDIST_RESTARTS_PER_WORKER * workers} restarts; pass "
