@@ -381,7 +381,9 @@ register(OpSpec(
     kernel="tritoncheck.kernels.paged_decode_attention:paged_decode_attention",
     controls=("tritoncheck.controls.paged_decode_attention:gathered_naive_torch",),
     baseline=_baseline,
-    large_problem=LargeProblem(paged_cache(16, 8, 128), "rows", ("q", "block_table", "seq_lens")),
+    # two query tokens and split-K: each token's and each chunk's cache offsets past int32
+    large_problem=LargeProblem(paged_cache(16, 8, 128, queries=2, num_splits=3), "rows",
+                               ("q", "block_table", "seq_lens")),
     bad_input=BadInput(_valid_call, _SPOILERS),
     reference=ref.paged_decode_attention,
     torch_reference=ref.paged_decode_attention_torch,

@@ -110,7 +110,7 @@ def test_an_int32_row_offset_is_caught(op, mutant):
     print(verdict.text[:2000])
 
 
-@pytest.mark.parametrize("op", ["swiglu", "layer_norm", "dropout_residual_layer_norm"])
+@pytest.mark.parametrize("op", ["swiglu", "layer_norm", "dropout_residual_layer_norm", "paged_decode_attention"])
 def test_the_slicing_and_comparison_work_at_a_small_size(op, monkeypatch):
     """The machinery of the check, on every backend: a few thousand elements instead of
     2**31, the project's kernel, slices compared with their fp64 reference."""
@@ -118,3 +118,21 @@ def test_the_slicing_and_comparison_work_at_a_small_size(op, monkeypatch):
     monkeypatch.setattr(large, "PAST_INT32", 3000)
     kernel = registry.Implementation.of(op, registry.resolve(registry.OPS[op].kernel), kind="kernel")
     assert check(op, kernel, torch.float16, backend.device()) >= 1
+
+
+def test_a_scalar_the_signature_does_not_take_is_left_out(monkeypatch):
+    """paged_decode_attention's problem asks for num_splits = 3; an implementation whose
+    signature has no num_splits (declared limits: held at its default) is called without it."""
+    import tritoncheck.large_problem as large
+    from tritoncheck.kernels.paged_decode_attention import paged_decode_attention as kernel
+    monkeypatch.setattr(large, "PAST_INT32", 3000)
+    calls = []
+
+    def unsplit(q, k_cache, v_cache, block_table, seq_lens, sm_scale=None):
+        calls.append(q.shape)
+        return kernel(q, k_cache, v_cache, block_table, seq_lens, sm_scale)
+
+    impl = registry.Implementation.of("paged_decode_attention", unsplit, kind="user")
+    assert impl.limits.held("num_splits")
+    assert check("paged_decode_attention", impl, torch.float16, backend.device()) >= 1
+    assert calls and len(calls[0]) == 4  # two query tokens a sequence

@@ -109,6 +109,9 @@ def check(op: str, impl: Implementation, dtype: torch.dtype, device: torch.devic
     spec, problem = OPS[op], _problem(op)
     torch.manual_seed(seed)
     values = values_of(op, dtype, device)
+    for name, held in (impl.limits.fixed.items() if impl.limits else ()):
+        if name in values:
+            values[name] = held  # a scalar its signature does not take (declared limits): its default
     grads_wanted = bool(spec.grad_inputs) and impl.supports_backward
     for name in spec.grad_inputs if grads_wanted else ():
         values[name] = values[name].detach().requires_grad_(True)

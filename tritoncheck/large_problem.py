@@ -92,19 +92,24 @@ def packed_sequences(n: int, d: int) -> Callable:
     return build
 
 
-def paged_cache(page_size: int, kv_heads: int, d: int) -> Callable:
+def paged_cache(page_size: int, kv_heads: int, d: int, queries: int = 1, num_splits: int | None = None) -> Callable:
     """A paged KV cache past 2**31 elements ([P, page_size, kv_heads, d] each), its pages
-    shuffled among sequences of up to 2048 pages; q [B, 4 kv_heads, d], block_table [B,
-    pages per sequence], seq_lens ending anywhere in each sequence's last page."""
-    pages = rows_past_int32(page_size * kv_heads * d)
-    per = min(2048, pages)
-    batch = max(1, pages // per)
-
+    shuffled among sequences of up to 2048 pages; q [B, 4 kv_heads, d] (``queries`` 1) or
+    [B, queries, 4 kv_heads, d] (the last ``queries`` tokens of each sequence), block_table
+    [B, pages per sequence], seq_lens ending anywhere in each sequence's last page; and
+    ``num_splits`` where given (an implementation whose signature takes none is called
+    without it: ``large_index.check``)."""
     def build(dtype, device):
+        pages = rows_past_int32(page_size * kv_heads * d)  # when built: PAST_INT32 as it is then
+        per = min(2048, pages)
+        batch = max(1, pages // per)
+        q_shape = (batch, 4 * kv_heads, d) if queries == 1 else (batch, queries, 4 * kv_heads, d)
         table = torch.randperm(pages, device=device)[:batch * per].reshape(batch, per).to(torch.int32)
         lens = per * page_size - torch.arange(batch, device=device, dtype=torch.int32) % page_size
-        return {"q": randn((batch, 4 * kv_heads, d), dtype, device),
+        lens = torch.clamp(lens, min=queries)
+        splits = {} if num_splits is None else {"num_splits": num_splits}
+        return {"q": randn(q_shape, dtype, device),
                 "k_cache": randn((pages, page_size, kv_heads, d), dtype, device),
                 "v_cache": randn((pages, page_size, kv_heads, d), dtype, device),
-                "block_table": table, "seq_lens": lens}
+                "block_table": table, "seq_lens": lens, **splits}
     return build
