@@ -263,10 +263,16 @@ def _forward_block(pb: _Problem, rows: slice, keep: torch.Tensor | None = None, 
     jstar = s.argmax(-1, keepdim=True)
     eps_star = torch.gather(eps, -1, jstar)
     top = torch.arange(s.shape[-1], device=s.device) == jstar
-    # A key whose row of k is the top key's, bit for bit, gets the same computed score:
-    # zeta_j = 0. Not with ALiBi: the bias, and its rounding, differ per key position.
+    # A key whose row of k is the top key's, bit for bit, shares every rounding of its score
+    # but the dot's own: a GEMM may sum its columns in other orders (PyTorch's CPU matmul
+    # gave the last of five equal keys a score one ulp of 3.8e19 lower, so weight 0), two
+    # orders differ by at most twice the dot's error bound, (p.dot + sum_error(d)) scale
+    # sum_d |q_d k_d| each. Not with ALiBi: the bias, and its rounding, differ per key position.
     twin = _same_key_as(pb.key_ids, jstar) if pb.key_ids is not None else torch.zeros_like(visible)
-    big_e = torch.where(visible & ~top & ~twin, eps + eps_star, 0.0)
+    k_star = torch.gather(k, -2, jstar.expand(*jstar.shape[:-1], k.shape[-1]))
+    a_star = pb.scale * (q.abs() * k_star.abs()).sum(-1, keepdim=True)
+    e_twin = SAFETY * 2 * (p.dot + sum_error(q.shape[-1], p.compute)) * a_star
+    big_e = torch.where(visible & ~top, torch.where(twin, e_twin, eps + eps_star), 0.0)
     # p_j (e^{E_j} - 1) in the log domain (p_j may underflow where the product does not);
     # exponents clipped at 300, where the allowance is capped anyway
     w = torch.where(visible, torch.exp((logp + big_e).clamp(max=300.0)), 0.0) - pr
@@ -353,8 +359,10 @@ def attention(q, k, v, o, lse, causal: bool, scale: float, p: Precision, window=
         o' - o = sum_j p_j (e^{zeta_j} - 1)(v_j - o) / Z,   Z = sum_j p_j e^{zeta_j}
     so |o' - o| <= (sum_j p_j expm1(E_j) |v_j - o|) / max(p_j*, sum_j p_j e^{-E_j}), with
     |v_j - o| <= |v_j - c| + |o - c| for c = 0 and for c each value column's midrange, the
-    smaller bound. A key whose k row equals the top key's bit for bit gets the same dot
-    product, so E_j = 0 (a constant k makes every weight exact). Not first-order: it stays
+    smaller bound. A key whose k row equals the top key's bit for bit shares every rounding
+    but the dot's summation order, which a GEMM may vary by column: E_j = twice the dot's
+    bound, 2 (dot + sum_error(D)) scale sum_d |q_d k_d| (a constant k's weights are exact
+    but for that; past about 1e5 of score that is no longer small). Not first-order: it stays
     a bound for large E and vanishes for a row dominated by one key. For lse,
     |lse' - lse| <= log sum_j p_j e^{eps_ij} = logsumexp(s + eps) - lse.
 
