@@ -264,7 +264,7 @@ def _forward_block(pb: _Problem, rows: slice, keep: torch.Tensor | None = None, 
     eps_star = torch.gather(eps, -1, jstar)
     top = torch.arange(s.shape[-1], device=s.device) == jstar
     # A key whose row of k is the top key's, bit for bit, shares every rounding of its score
-    # but the dot's own: a GEMM may sum its columns in other orders (PyTorch's CPU matmul
+    # but the dot's own (the old rule gave it no error at all, wrongly): a GEMM may sum its columns in other orders (PyTorch's CPU matmul
     # gave the last of five equal keys a score one ulp of 3.8e19 lower, so weight 0), two
     # orders differ by at most twice the dot's error bound, (p.dot + sum_error(d)) scale
     # sum_d |q_d k_d| each. Not with ALiBi: the bias, and its rounding, differ per key position.
