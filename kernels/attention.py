@@ -687,12 +687,23 @@ def _block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
+# float32's "ieee" tl.dot has no tensor-core form: it is FMA code, unrolled per thread, of
+# BLOCK_M BLOCK_N BLOCK_D / (32 num_warps) multiply-adds a dot, and LLVM and ptxas time grow
+# with it. Eight warps halve each thread's share: compiling one float32 kernel for sm_90
+# (triton.compile on a CPU, Triton 3.9) took forward, BLOCK_D 64: 5.6 s at 4 warps, 2.0 s
+# at 8; dK/dV: 3.6 -> 1.4 s; dQ: 2.6 -> 1.0 s; a cold quick run compiles about a hundred
+# float32 keys (docs/speed.md). The blocks, and so every sum's order, stay as they were.
+_FP32_WARPS = 8
+
+
 def _fwd_config(dtype: torch.dtype, block_d: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) of the forward kernel."""
     if _interpreting():
         return 16, 16, 1
     if block_d >= 128 and dtype != torch.float16:
         return 64, 32, 8
+    if dtype == torch.float32:
+        return 64, 64, _FP32_WARPS
     return 64, 64, 4 if block_d <= 64 else 8
 
 
@@ -700,9 +711,10 @@ def _bwd_config(dtype: torch.dtype, block_d: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) of the two backward kernels."""
     if _interpreting():
         return 16, 16, 1
+    warps = _FP32_WARPS if dtype == torch.float32 else 4
     if block_d >= 128 and dtype != torch.float16:
-        return 32, 16, 4
-    return 32, 32, 4
+        return 32, 16, warps
+    return 32, 32, warps
 
 
 def _check_inputs(q, k, v, causal, sm_scale, window, alibi_slopes, softcap) -> tuple[float, tuple[int, int]]:
