@@ -34,7 +34,9 @@ As a plugin (``-p compile_keys`` with ``benchmarks/`` on the path, and
 writes every (test, kernel, key) once, in launch order, as JSON lines; xdist workers
 append to ``FILE.<worker>``. ``benchmarks/quick_profile.py`` uses it to print each row's
 keys beside its timings. Kernels launched in other processes (``cp_attention``'s ranks)
-are not seen.
+are not seen. Where Triton has the compilation listener (``triton.knobs``, 3.4 on), each
+compilation's seconds are written too (``"compiled"`` records; ``compile_seconds``): on a GPU,
+how much of a cold run was compiling, summed over its processes.
 """
 from __future__ import annotations
 
@@ -63,6 +65,7 @@ class KeyRecorder:
         self.hooked: set[int] = set()
         self.test: str | None = None
         self.seen: set[tuple[str, str]] = set()
+        self.listening = False
 
     def hook_kernels(self) -> None:
         """Hooks every kernel of the loaded kernel modules not hooked yet."""
@@ -89,6 +92,23 @@ class KeyRecorder:
             self.write(name, key, _label(name, list(bound), parts, options))
         return record
 
+    def listen_to_compiler(self) -> None:
+        """Records each compilation's seconds (``triton.knobs.compilation.listener``, where
+        this Triton has it: 3.4 on): a cold run's compile time per kernel, beside its keys.
+        Compiled kernels only (the interpreter compiles nothing)."""
+        compilation = getattr(getattr(triton_knobs(), "compilation", None), "listener", False)
+        if compilation is False:
+            return
+
+        def heard(*, src, metadata, metadata_group, times, cache_hit):
+            if cache_hit:
+                return
+            name = getattr(getattr(src, "fn", None), "__name__", None) or str(getattr(src, "name", "?"))
+            with self.out.open("a") as f:
+                f.write(json.dumps({"test": self.test or "(outside a test)", "compiled": name,
+                                    "s": times.total / 1e6}) + "\n")
+        triton_knobs().compilation.listener = heard
+
     def write(self, kernel: str, key: str, label: str) -> None:
         test = self.test or "(outside a test)"
         if (test, key) in self.seen:
@@ -98,6 +118,9 @@ class KeyRecorder:
             f.write(json.dumps({"test": test, "kernel": kernel, "key": key, "label": label}) + "\n")
 
     def pytest_runtest_setup(self, item):
+        if not self.listening:  # not at configure: Triton is imported after the suite chose its backend
+            self.listening = True
+            self.listen_to_compiler()
         self.hook_kernels()  # kernel modules are imported at collection, some lazily by a check
         self.test = item.callspec.params["target"].id if hasattr(item, "callspec") and \
             "target" in item.callspec.params else item.nodeid
@@ -174,6 +197,15 @@ def pytest_configure(config):
         config.pluginmanager.register(KeyRecorder(path, packages), "compile-key-recorder")
 
 
+def triton_knobs():
+    """``triton.knobs`` (Triton 3.3 on), or None."""
+    try:
+        import triton.knobs
+    except ImportError:
+        return None
+    return triton.knobs
+
+
 # ------------------------------------------------------------------------ reading a run
 
 def read_keys(out: Path) -> list[dict]:
@@ -181,7 +213,15 @@ def read_keys(out: Path) -> list[dict]:
     records = []
     for path in sorted(out.parent.glob(out.name + "*")):
         records += [json.loads(line) for line in path.read_text().splitlines() if line]
-    return records
+    return [r for r in records if "key" in r]
+
+
+def compile_seconds(out: Path) -> float | None:
+    """The seconds a run's processes spent compiling (cache misses; None: no record of any,
+    as under the interpreter or a Triton without the compilation listener)."""
+    seconds = [json.loads(line)["s"] for path in sorted(out.parent.glob(out.name + "*"))
+               for line in path.read_text().splitlines() if line and '"compiled"' in line]
+    return sum(seconds) if seconds else None
 
 
 def split_id(test: str) -> tuple[str, str, str]:

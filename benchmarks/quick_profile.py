@@ -22,11 +22,11 @@ not inflate), and the distinct Triton compile keys the cold run launched
 Under the interpreter (``--backend interpret``, or no GPU) there is nothing to cache and
 cold and warm differ by noise only.
 
-All ops of the project in one GPU call (each row cold then warm; ``--op-workers`` gives
-the ops that compile most their own worker count on the one GPU)::
+Each row runs the workers the ``tritoncheck`` command would (a core each but one, 1 to
+15; ``--workers`` or ``--op-workers OP=N`` choose others). All ops of the project, cold
+only, rows one after another on the one GPU::
 
-    python benchmarks/quick_profile.py --timeout 150 --op-workers attention=8 \
-        --op-workers varlen_attention=4 --op-workers linear_cross_entropy=4
+    python benchmarks/quick_profile.py --cold-only --timeout 150
 """
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ import compile_keys  # benchmarks/compile_keys.py, beside this script (on sys.pa
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL_S = 60.0  # issue 25: every check of an op gets a verdict within a minute on one GPU
+SLOWEST = 3  # the slowest tests of each run, printed under its row (a row's floor is its slowest test)
 
 
 @dataclass
@@ -60,6 +61,8 @@ class Outcome:
     cpu_s: float
     status: int
     keys: int | None = None  # distinct compile keys launched (None: not recorded)
+    compile_s: float | None = None  # seconds spent compiling, all processes (None: not recorded)
+    slowest: tuple[tuple[str, float], ...] = ()  # the run's slowest tests (junit name, seconds)
 
 
 def run_once(op: str, impl: str | None, args, cache: Path, report_dir: Path, gpu: int | None = None) -> Outcome:
@@ -112,8 +115,11 @@ def run_once(op: str, impl: str | None, args, cache: Path, report_dir: Path, gpu
     tests, skipped = int(suite.get("tests")), int(suite.get("skipped"))
     failed = int(suite.get("failures")) + int(suite.get("errors"))
     keys = len({r["key"] for r in compile_keys.read_keys(keys_file)}) if args.keys else None
+    compile_s = compile_keys.compile_seconds(keys_file) if args.keys else None
+    times = sorted(((case.get("name", "?"), float(case.get("time", 0))) for case in suite.iter("testcase")),
+                   key=lambda t: -t[1])
     return Outcome(tests, tests - failed - skipped, failed, skipped, float(suite.get("time")), wall, cpu,
-                   proc.returncode, keys)
+                   proc.returncode, keys, compile_s, tuple(times[:SLOWEST]))
 
 
 def _kill_session(pid: int, killed: threading.Event) -> None:
@@ -164,9 +170,10 @@ def main() -> int:
     parser.add_argument("--pytest-arg", action="append", default=[], metavar="ARG",
                         help="passed to each child pytest (e.g. --pytest-arg=--tolerance=parity)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per child run")
-    parser.add_argument("--workers", type=int, default=1,
+    parser.add_argument("--workers", type=int, default=None,
                         help="pytest-xdist workers per run, all on the same GPU (what `tritoncheck -n N` does): "
-                             "compilation, most of a cold run, proceeds in parallel")
+                             "compilation, most of a cold run, proceeds in parallel; default: the tritoncheck "
+                             "command's (a core each but one, 1 to 15)")
     parser.add_argument("--op-workers", action="append", default=[], metavar="OP=N",
                         help="N workers for OP's rows instead of --workers (repeatable)")
     parser.add_argument("--no-keys", dest="keys", action="store_false",
@@ -178,6 +185,10 @@ def main() -> int:
                         help="run this many rows at once, each on a GPU of its own (CUDA_VISIBLE_DEVICES): on a host "
                              "of G GPUs and 16 G cores, each row has what a one-GPU machine has")
     args = parser.parse_args()
+    if args.workers is None:
+        sys.path.insert(0, str(ROOT))
+        from tritoncheck.cli import default_workers
+        args.workers = default_workers()
     if args.gpus > 1:
         import torch
         # a row given a GPU the machine lacks sees none (CUDA_VISIBLE_DEVICES) and skips every test
@@ -186,8 +197,9 @@ def main() -> int:
                          f"backend; pass --gpus 1 (rows one after another) or at most the GPUs it has")
     print(f"device: {device(args.backend)}; profile {args.profile}; dtypes {', '.join(args.dtype) or 'all'}; "
           f"{args.workers} worker process(es) per run unless the row says; pytest s: first test to last verdict; "
-          f"wall s: the whole child process; keys: distinct compile keys of the cold run")
-    header = (f"{'op':<22} {'impl':<40} {'wk':>3} {'keys':>5} {'tests':>5} {'pass':>4} {'fail':>4} {'skip':>4} "
+          f"wall s: the whole child process; keys: distinct compile keys of the cold run; compile s: its "
+          f"processes' seconds compiling them (Triton's compilation listener, where it has one)")
+    header = (f"{'op':<22} {'impl':<40} {'wk':>3} {'keys':>5} {'compile s':>9} {'tests':>5} {'pass':>4} {'fail':>4} {'skip':>4} "
               f"{'cold pytest s':>13} {'cold wall s':>11} {'cold cpu s':>10} {'warm pytest s':>13} {'warm wall s':>11} "
               f"{'warm cpu s':>10}  goal")
     print(header)
@@ -225,13 +237,18 @@ def print_row(op: str, impl: str | None, args, cold: Outcome, warm: Outcome | No
         missed.append(op)
     name = impl.partition("=")[2] if impl else "project kernel"
     keys = "-" if cold.keys is None else str(cold.keys)
+    compiling = "-" if cold.compile_s is None else f"{cold.compile_s:.1f}"
     nan = Outcome(0, 0, 0, 0, float("nan"), float("nan"), float("nan"), 0)
     w = warm or nan
-    print(f"{op:<22} {name[-40:]:<40} {workers_for(op, args):>3} {keys:>5} "
+    print(f"{op:<22} {name[-40:]:<40} {workers_for(op, args):>3} {keys:>5} {compiling:>9} "
           f"{cold.tests:>5} {cold.passed:>4} {cold.failed:>4} {cold.skipped:>4} "
           f"{cold.pytest_s:>13.1f} {cold.wall_s:>11.1f} {cold.cpu_s:>10.1f} {w.pytest_s:>13.1f} "
           f"{w.wall_s:>11.1f} {w.cpu_s:>10.1f}  "
           f"{'ok' if within else f'over {GOAL_S:.0f} s'}", flush=True)
+    for run, outcome in (("cold", cold), ("warm", warm)):
+        if outcome is not None and outcome.slowest:
+            print(f"{'':<22} slowest tests, {run}: " + ", ".join(f"{n.partition('[')[2].rstrip(']') or n} {t:.1f} s"
+                                                            for n, t in outcome.slowest))
     if warm is not None and (warm.passed, warm.failed, warm.skipped) != (cold.passed, cold.failed, cold.skipped):
         print(f"{'':<22} warm run: {warm.passed} passed, {warm.failed} failed, {warm.skipped} skipped")
 

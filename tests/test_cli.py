@@ -112,17 +112,23 @@ def test_list_ops_prints_the_contract_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_command_runs_pytest_in_one_xdist_worker_unless_told_otherwise(monkeypatch):
-    """The command line built (tritoncheck/cli.py pytest_args): one worker by default, so that
-    a crashing kernel costs its test, not the run; a worker count chosen, before or after
-    ``--``, or xdist turned off, is left alone; none without pytest-xdist installed."""
+def test_the_command_runs_pytest_in_xdist_workers_unless_told_otherwise(monkeypatch):
+    """The command line built (tritoncheck/cli.py pytest_args): a worker per core but one by
+    default (1 to 15), so that a crashing kernel costs its test, not the run, and a cold run's
+    compilations proceed in parallel; a worker count chosen, before or after ``--``, or xdist
+    turned off, is left alone; none without pytest-xdist installed."""
     from tritoncheck import cli
 
     def workers(argv: list[str], extra: list[str] = ()) -> list[str]:
         args = cli.pytest_args(cli.parser().parse_args(argv), list(extra), "quick")
         return [args[i + 1] for i, a in enumerate(args) if a == "-n"]
 
-    assert workers(["softmax=m:f"]) == ["1"]
+    assert workers(["softmax=m:f"]) == [str(cli.default_workers())]
+    for cores, expected in ((1, 1), (2, 1), (16, 15), (64, 15)):
+        monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid, n=cores: set(range(n)), raising=False)
+        assert cli.default_workers() == expected
+        assert workers(["softmax=m:f"]) == [str(expected)]
+    monkeypatch.undo()
     assert workers(["softmax=m:f", "-n", "4"]) == ["4"]
     assert workers(["softmax=m:f"], ["-n", "2"]) == ["2"]  # the extra options' own, once
     assert workers(["softmax=m:f"], ["-n2"]) == [] and workers(["softmax=m:f"], ["--numprocesses=2"]) == []

@@ -73,9 +73,10 @@ def parser() -> argparse.ArgumentParser:
                    help="derived allowances, or parity: also within 2x plain PyTorch's own error")
     p.add_argument("--report-dir", default="reports", help="where the report and the replay files go (./reports)")
     p.add_argument("-n", "--workers", default=None, metavar="N",
-                   help="pytest-xdist worker processes (a number or auto); default: 1 where pytest-xdist is "
-                        "installed (a kernel that crashes its worker fails the test it ran, by name, and the run "
-                        "goes on in a new worker), else the command's own process")
+                   help="pytest-xdist worker processes (a number or auto); default: one per CPU core but one, "
+                        "1 to 15, where pytest-xdist is installed (a cold run is mostly Triton compiling, which the "
+                        "workers do in parallel; a kernel that crashes its worker fails the test it ran, by name, "
+                        "and the run goes on in a new worker), else the command's own process")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="only the K-th of N deterministic shares of the checks (a CI matrix); "
                         "`tritoncheck report merge` joins the shards' reports")
@@ -110,18 +111,36 @@ def pytest_args(ns: argparse.Namespace, extra: list[str], profile: str | None = 
     return args + extra
 
 
+MAX_DEFAULT_WORKERS = 15
+
+
 def crash_isolating_workers(extra: list[str]) -> str | None:
-    """``"1"``, the one xdist worker a run without ``--workers`` gets, so that a kernel that
-    takes its process down (a segfault, a heap-corrupting store) costs the test it ran, which
-    fails naming the crash, and not the run; None where pytest-xdist is not installed, or
-    where the options after ``--`` choose workers themselves (``-n``) or turn xdist off. The
-    cost: one worker process's start (torch, Triton and the suite imported again)."""
+    """The xdist workers a run without ``--workers`` gets (``default_workers``), so that a
+    kernel that takes its process down (a segfault, a heap-corrupting store) costs the test
+    it ran, which fails naming the crash, and not the run; None where pytest-xdist is not
+    installed, or where the options after ``--`` choose workers themselves (``-n``) or turn
+    xdist off. The cost: each worker process's start (torch, Triton and the suite imported
+    again), in parallel."""
     import importlib.util
     if importlib.util.find_spec("xdist") is None:
         return None
     if any(a.startswith(("-n", "--numprocesses")) or a.endswith("no:xdist") for a in extra):
         return None
-    return "1"
+    return str(default_workers())
+
+
+def default_workers() -> int:
+    """One worker per core this process may use but one (the controller's), 1 to
+    ``MAX_DEFAULT_WORKERS``. A cold quick run is mostly Triton compiling, one kernel per
+    distinct key in the process that meets it first, so its time falls with the workers
+    compiling at once: the project's attention, 84 checks and 285 keys, took 55 s cold on
+    an H200 host of 16 cores with 15 workers and 77 s with 8 (docs/speed.md). The workers
+    share one GPU where there is one (each its own CUDA context)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores - 1, MAX_DEFAULT_WORKERS))
 
 
 def report_parser() -> argparse.ArgumentParser:

@@ -274,7 +274,7 @@ def _distributed(config) -> bool:
 def pytest_sessionstart(session):
     """One line for a run of the user's own kernels (--impl) in a single process: a kernel
     that crashes it takes the whole run down, where an xdist worker would be replaced and
-    the crash reported as that test's failure (the ``tritoncheck`` command runs ``-n 1``).
+    the crash reported as that test's failure (the ``tritoncheck`` command runs xdist workers).
     At the start: a run that crashes prints no summary."""
     config = session.config
     terminal = config.pluginmanager.get_plugin("terminalreporter")

@@ -5,7 +5,7 @@ crashed while running '<nodeid>'". Two things that leaves out, added here:
 
 - the rest of the run: xdist replaces at most ``--max-worker-restart`` crashed workers, by
   default 4 per worker process, then stops the run, so a kernel that segfaults in every test
-  of a ``-n 1`` run (the ``tritoncheck`` command's default) got 5 verdicts and lost the others
+  of a ``-n 1`` run (the ``tritoncheck`` command's default then) got 5 verdicts and lost the others
   (xdist 3.8, ``dsession.get_default_max_worker_restart``: ``numprocesses * 4`` when the
   option is not given, read once when its ``DSession`` is created).
   :func:`raise_restart_limit` lets every check of the run crash and still leaves xdist's
