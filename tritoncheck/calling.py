@@ -40,7 +40,11 @@ def signature_of(fn: Callable) -> inspect.Signature | None:
     """``fn``'s signature as Python binds a call of it, or None where none can be read (a
     builtin: then every argument is passed positionally, as the contract orders them).
     An autograd Function's ``apply`` binds as its ``forward`` does, less ``ctx`` (absent
-    from ``forward`` when the Function defines ``setup_context``)."""
+    from ``forward`` when the Function defines ``setup_context``), and positionally only:
+    ``apply`` hands its keyword arguments to the C++ ``_FunctionBase.apply``, which takes
+    none in the PyTorch releases most users run ("TypeError: apply() takes no keyword
+    arguments" from torch 2.11 on a GPU machine, where 2.13 on the CPU accepted them), so
+    a parameter after ``*`` or ``**kwargs`` of ``forward`` cannot be reached through it."""
     function = _is_function_apply(fn)
     try:
         if function is None:
@@ -50,7 +54,9 @@ def signature_of(fn: Callable) -> inspect.Signature | None:
         return None
     params = list(sig.parameters.values())
     own_setup = function.setup_context is not torch.autograd.Function.setup_context
-    return sig.replace(parameters=params if own_setup else params[1:])
+    return sig.replace(parameters=[p.replace(kind=inspect.Parameter.POSITIONAL_ONLY) if p.kind in POSITIONAL else p
+                                   for p in (params if own_setup else params[1:])
+                                   if p.kind in POSITIONAL or p.kind is inspect.Parameter.VAR_POSITIONAL])
 
 
 def same_value(value: Any, default: Any) -> bool:
@@ -133,7 +139,8 @@ class Calling:
         wanted = [a for a in self.arguments if self.takes(a) and (a in passed or a not in self.defaults)]
         positional = [i for i, a in enumerate(self.arguments) if a in wanted and self.modes[a] == "positional"]
         last = max(positional, default=-1)
-        args = [self._value(a, values) for a in self.arguments[:last + 1]]
+        # a gap before the last positional one is filled at its contract default: not passed
+        args = [self._value(a, values if a in wanted else {}) for a in self.arguments[:last + 1]]
         kwargs = {self.names.get(a, a): self._value(a, values) for a in wanted
                   if self.arguments.index(a) > last}
         return args, kwargs
