@@ -210,18 +210,19 @@ def triton_knobs():
 
 def read_keys(out: Path) -> list[dict]:
     """The records of a run: ``out`` and its workers' ``out.gw<i>`` files."""
-    records = []
-    for path in sorted(out.parent.glob(out.name + "*")):
-        records += [json.loads(line) for line in path.read_text().splitlines() if line]
-    return [r for r in records if "key" in r]
+    return [r for r in _records(out) if "key" in r]
 
 
 def compile_seconds(out: Path) -> float | None:
     """The seconds a run's processes spent compiling (cache misses; None: no record of any,
     as under the interpreter or a Triton without the compilation listener)."""
-    seconds = [json.loads(line)["s"] for path in sorted(out.parent.glob(out.name + "*"))
-               for line in path.read_text().splitlines() if line and '"compiled"' in line]
+    seconds = [r["s"] for r in _records(out) if "compiled" in r]
     return sum(seconds) if seconds else None
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for path in sorted(out.parent.glob(out.name + "*"))
+            for line in path.read_text().splitlines() if line]
 
 
 def split_id(test: str) -> tuple[str, str, str]:
