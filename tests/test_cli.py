@@ -15,9 +15,11 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
+import torch
 
 from tritoncheck import registry
 
@@ -126,8 +128,16 @@ def test_the_command_runs_pytest_in_xdist_workers_unless_told_otherwise(monkeypa
     assert workers(["softmax=m:f"]) == [str(cli.default_workers())]
     for cores, expected in ((1, 1), (2, 1), (16, 15), (64, 15)):
         monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid, n=cores: set(range(n)), raising=False)
-        assert cli.default_workers() == expected
-        assert workers(["softmax=m:f"]) == [str(expected)]
+        assert cli.default_workers("interpret") == expected
+        assert workers(["softmax=m:f", "--backend", "interpret"]) == [str(expected)]
+    # on CUDA, also one worker per GIB_PER_WORKER of the smallest GPU, times the GPUs
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for gpus, gib, expected in ((1, 80, 15), (1, 24, 4), (1, 8, 1), (2, 24, 8), (2, 4, 1)):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda n=gpus: n)
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda i, g=gib: types.SimpleNamespace(total_memory=g * 2**30))
+        assert cli.default_workers() == expected, (gpus, gib)
+        assert cli.default_workers("interpret") == 15
     monkeypatch.undo()
     assert workers(["softmax=m:f", "-n", "4"]) == ["4"]
     assert workers(["softmax=m:f"], ["-n", "2"]) == ["2"]  # the extra options' own, once

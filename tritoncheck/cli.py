@@ -74,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--report-dir", default="reports", help="where the report and the replay files go (./reports)")
     p.add_argument("-n", "--workers", default=None, metavar="N",
                    help="pytest-xdist worker processes (a number or auto); default: one per CPU core but one, "
-                        "1 to 15, where pytest-xdist is installed (a cold run is mostly Triton compiling, which the "
+                        "1 to 15, on CUDA at most one per 5 GiB of GPU memory, where pytest-xdist is installed (a cold run is mostly Triton compiling, which the "
                         "workers do in parallel; a kernel that crashes its worker fails the test it ran, by name, "
                         "and the run goes on in a new worker), else the command's own process")
     p.add_argument("--shard", default=None, metavar="K/N",
@@ -97,7 +97,7 @@ def pytest_args(ns: argparse.Namespace, extra: list[str], profile: str | None = 
         args += ["--impl", spec]
     for dtype in ns.dtype:
         args += ["--dtype", dtype]
-    workers = ns.workers or (None if ns.list_ops else crash_isolating_workers(extra))
+    workers = ns.workers or (None if ns.list_ops else crash_isolating_workers(extra, ns.backend))
     if workers:
         args += ["-n", str(workers)]
     if ns.list_ops:
@@ -114,7 +114,7 @@ def pytest_args(ns: argparse.Namespace, extra: list[str], profile: str | None = 
 MAX_DEFAULT_WORKERS = 15
 
 
-def crash_isolating_workers(extra: list[str]) -> str | None:
+def crash_isolating_workers(extra: list[str], backend: str = "auto") -> str | None:
     """The xdist workers a run without ``--workers`` gets (``default_workers``), so that a
     kernel that takes its process down (a segfault, a heap-corrupting store) costs the test
     it ran, which fails naming the crash, and not the run; None where pytest-xdist is not
@@ -126,21 +126,35 @@ def crash_isolating_workers(extra: list[str]) -> str | None:
         return None
     if any(a.startswith(("-n", "--numprocesses")) or a.endswith("no:xdist") for a in extra):
         return None
-    return str(default_workers())
+    return str(default_workers(backend))
 
 
-def default_workers() -> int:
+# GPU memory a default worker may count on. Not measured per worker: a bound chosen so that
+# an 80 GB card keeps the 15 workers the timings were taken with (docs/speed.md) while a
+# 24 GB card gets 4 and an 8 GB card 1 (each worker holds its own CUDA context, the gpu
+# profile's largest cases and their references); -n N overrides it.
+GIB_PER_WORKER = 5
+
+
+def default_workers(backend: str = "auto") -> int:
     """One worker per core this process may use but one (the controller's), 1 to
-    ``MAX_DEFAULT_WORKERS``. A cold quick run is mostly Triton compiling, one kernel per
-    distinct key in the process that meets it first, so its time falls with the workers
-    compiling at once: the project's attention, 84 checks and 285 keys, took 55 s cold on
-    an H200 host of 16 cores with 15 workers and 77 s with 8 (docs/speed.md). The workers
-    share one GPU where there is one (each its own CUDA context)."""
+    ``MAX_DEFAULT_WORKERS``, and on CUDA at most one per ``GIB_PER_WORKER`` of the smallest
+    visible GPU's memory, times the GPUs (workers take GPUs in turn). A cold quick run is
+    mostly Triton compiling, one kernel per distinct key in the process that meets it
+    first, so its time falls with the workers compiling at once: the project's attention,
+    84 checks and 285 keys, took 55 s cold on an H200 host of 16 cores with 15 workers and
+    77 s with 8 (docs/speed.md)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    return max(1, min(cores - 1, MAX_DEFAULT_WORKERS))
+    workers = min(cores - 1, MAX_DEFAULT_WORKERS)
+    if backend != "interpret":
+        import torch
+        if torch.cuda.is_available():
+            gib = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())) / 2**30
+            workers = min(workers, torch.cuda.device_count() * int(gib // GIB_PER_WORKER))
+    return max(1, workers)
 
 
 def report_parser() -> argparse.ArgumentParser:
