@@ -142,8 +142,8 @@ def default_workers(backend: str = "auto") -> int:
     visible GPU's memory, times the GPUs (workers take GPUs in turn). A cold quick run is
     mostly Triton compiling, one kernel per distinct key in the process that meets it
     first, so its time falls with the workers compiling at once: the project's attention,
-    84 checks and 285 keys, took 55 s cold on an H200 host of 16 cores with 15 workers and
-    77 s with 8 (docs/speed.md)."""
+    84 checks and 289 keys, gave every verdict in 53 s cold on an H200 host of 16 cores with
+    15 workers, its compilations 319 s of the workers' time (docs/speed.md)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
