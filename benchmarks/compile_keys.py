@@ -96,8 +96,11 @@ class KeyRecorder:
         """Records each compilation's seconds (``triton.knobs.compilation.listener``, where
         this Triton has it: 3.4 on): a cold run's compile time per kernel, beside its keys.
         Compiled kernels only (the interpreter compiles nothing)."""
-        compilation = getattr(getattr(triton_knobs(), "compilation", None), "listener", False)
-        if compilation is False:
+        try:
+            from triton import knobs
+        except ImportError:  # before Triton 3.3
+            return
+        if not hasattr(knobs.compilation, "listener"):
             return
 
         def heard(*, src, metadata, metadata_group, times, cache_hit):
@@ -107,7 +110,7 @@ class KeyRecorder:
             with self.out.open("a") as f:
                 f.write(json.dumps({"test": self.test or "(outside a test)", "compiled": name,
                                     "s": times.total / 1e6}) + "\n")
-        triton_knobs().compilation.listener = heard
+        knobs.compilation.listener = heard
 
     def write(self, kernel: str, key: str, label: str) -> None:
         test = self.test or "(outside a test)"
@@ -195,15 +198,6 @@ def pytest_configure(config):
         path = Path(f"{out}.{worker}" if worker else out)
         packages = tuple(config.getoption("--compile-keys-package")) or KERNEL_PACKAGES
         config.pluginmanager.register(KeyRecorder(path, packages), "compile-key-recorder")
-
-
-def triton_knobs():
-    """``triton.knobs`` (Triton 3.3 on), or None."""
-    try:
-        import triton.knobs
-    except ImportError:
-        return None
-    return triton.knobs
 
 
 # ------------------------------------------------------------------------ reading a run

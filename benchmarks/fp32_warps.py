@@ -55,21 +55,15 @@ def main() -> int:
     from tritoncheck.kernels import attention as attention_module
     from tritoncheck.kernels import linear_cross_entropy as lce_module
 
-    def set_attention(warps):
-        attention_module._FP32_WARPS = warps
-
-    def set_lce(warps):
-        lce_module.NUM_WARPS = warps
-
     print(f"device: {torch.cuda.get_device_name()}; Triton {triton.__version__}; float32")
     print(f"{'kernels':<22} {'warps':>5} {'compile s':>10} {'fwd+bwd ms':>11}")
-    for name, setter, make in (("attention", set_attention, _attention_call),
-                               ("linear_cross_entropy", set_lce, _lce_call)):
+    for name, module, warps_name, make in (("attention", attention_module, "_FP32_WARPS", _attention_call),
+                                           ("linear_cross_entropy", lce_module, "NUM_WARPS", _lce_call)):
         for warps in (4, 8):
-            setter(warps)
+            setattr(module, warps_name, warps)  # read at each launch
             with tempfile.TemporaryDirectory() as cache:
                 os.environ["TRITON_CACHE_DIR"] = cache  # Triton's knobs read it at each compile
-                for kernel in _kernels(attention_module if name == "attention" else lce_module):
+                for kernel in _kernels(module):
                     kernel.device_caches.clear()
                 call = make(torch)
                 torch.cuda.synchronize()

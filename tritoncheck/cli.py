@@ -112,6 +112,11 @@ def pytest_args(ns: argparse.Namespace, extra: list[str], profile: str | None = 
 
 
 MAX_DEFAULT_WORKERS = 15
+# GPU memory a default worker may count on. Not measured per worker: a bound chosen so that
+# an 80 GB card keeps the 15 workers the timings were taken with (docs/speed.md) while a
+# 24 GB card gets 4 and an 8 GB card 1 (each worker holds its own CUDA context, the gpu
+# profile's largest cases and their references); -n N overrides it.
+GIB_PER_WORKER = 5
 
 
 def crash_isolating_workers(extra: list[str], backend: str = "auto") -> str | None:
@@ -127,13 +132,6 @@ def crash_isolating_workers(extra: list[str], backend: str = "auto") -> str | No
     if any(a.startswith(("-n", "--numprocesses")) or a.endswith("no:xdist") for a in extra):
         return None
     return str(default_workers(backend))
-
-
-# GPU memory a default worker may count on. Not measured per worker: a bound chosen so that
-# an 80 GB card keeps the 15 workers the timings were taken with (docs/speed.md) while a
-# 24 GB card gets 4 and an 8 GB card 1 (each worker holds its own CUDA context, the gpu
-# profile's largest cases and their references); -n N overrides it.
-GIB_PER_WORKER = 5
 
 
 def default_workers(backend: str = "auto") -> int:
