@@ -1,0 +1,628 @@
+"""The derived allowance of an op defined by its reference alone: a running error bound.
+
+The fp64 reference is evaluated once more with every tensor carrying, beside its value,
+a bound ``e >= 0`` on how far an implementation that evaluates the same expression in
+the op's precision may be from that value (first order, per element). Every ATen op the
+reference runs (PyTorch's decompositions open the composite ones: ``softmax`` becomes
+``amax``, ``sub``, ``exp``, ``sum``, ``div``) adds its rounding to what it inherits:
+
+* inputs: ``e = 0`` (the implementation and the reference read the same rounded inputs);
+* arithmetic (``add``, ``mul``, ``div``, ``where``, ``maximum``, ...), correctly rounded:
+  ``e = sum_i |df/dx_i| e_i + r(z)``, ``mul`` adding the second-order ``e_x e_y``;
+* any other pointwise function (``exp``, ``log``, ``erf``, ``tanh``, ``sigmoid``, ``pow``,
+  ...): the same, plus its fp32 evaluation ``u32 (EXP_ULPS |z| + sum_i |x_i df/dx_i|)``:
+  a library function's few-ulp error and its argument rounded once (the input rounding
+  propagated: ``log`` costs ``u32`` absolute, ``exp`` ``u32 |x| |z|``);
+* reductions over ``n`` terms (``sum``, ``mean``, ``cumsum``): ``e = sum e_i +
+  sum_error(n, u_acc) sum |x_i| + r(z)`` (:func:`tritoncheck.tolerance.sum_error`, in the
+  declared accumulation precision); ``amax``/``amin``: the largest ``e_i``;
+* products (``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``mv``, ``dot``; ``matmul``,
+  ``einsum`` and ``linear`` reach them): ``|A| e_B + e_A |B| + (u_dot + sum_error(K, u_acc))
+  |A||B| + r(z)``, the absolute-value product, ``u_dot`` the declared dot precision;
+* rounding steps the reference takes on purpose (``round``, ``floor``, a cast to a
+  narrower dtype): 0 where the value is farther than ``e`` from a step, else the step;
+* moves of values (views, ``cat``, ``index``, ``gather``, ``where``'s choice, padding,
+  ``clone``): the same move of the errors (a fill value moves 0);
+* any other op: each input moved by its error with random signs, four times, the
+  largest change, plus a library function's ``u32 EXP_ULPS |z|`` (listed in
+  :attr:`Evaluation.perturbed`, named by the report).
+
+``r(z) = u_int |z| + floor_int``: each intermediate result rounded once. ``u_int`` is the
+op's ``intermediates`` precision: ``"input"`` (the default) rounds every intermediate to
+the case's dtype, what PyTorch eager gets from the same expression (kernels are held to
+what users get from PyTorch, not to their fp32 bound), except where a value passes that
+dtype's range (a fused kernel keeps it in fp32 there); ``"float32"`` keeps them in fp32.
+``floor_int`` is :func:`~tritoncheck.tolerance.underflow_floor`. Autograd runs through the
+same tensors, so ``torch.autograd.grad`` of the tracked reference bounds the gradients.
+
+A bound that stops meaning anything (a division by a value within its own error of 0, an
+overflow) is infinite: those elements are *unconstrained*, reported as not checkable,
+never judged. Not modelled: a branch the reference takes on a value within its error of
+the threshold (``where(x > 0, ...)`` at ``x ~ 0``), where the implementation may take the
+other branch; and second-order terms beyond ``mul``'s, which ``SAFETY`` covers while the
+first-order bound is small.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+from torch._decomp import decomposition_table
+from torch.utils._python_dispatch import return_and_correct_aliasing
+
+from tritoncheck.tolerance import EXP_ULPS, U32, sum_error, underflow_floor, unit_roundoff
+
+aten = torch.ops.aten
+INTERMEDIATES = ("input", "float32")
+
+
+@dataclass(frozen=True)
+class Units:
+    """The rounding units one evaluation charges (see the module docstring)."""
+
+    intermediate: torch.dtype  # each intermediate result is rounded to this dtype (u_int)
+    accumulate: float  # unit of the accumulator of sums and products (u_acc)
+    dot: float  # relative error per product of a matrix product (u_dot)
+    function: float = U32  # unit a library function (exp, erf, ...) is evaluated in
+    fallback: torch.dtype = torch.float32  # where a value passes the intermediate dtype's range
+
+    def round_off(self, z: torch.Tensor) -> torch.Tensor:
+        """r(z): one rounding of each element of ``z`` to the intermediate precision."""
+        big = float(torch.finfo(self.intermediate).max)
+        a = z.abs()
+        inside = unit_roundoff(self.intermediate) * a + underflow_floor(self.intermediate)
+        if self.intermediate == self.fallback:
+            return inside
+        outside = unit_roundoff(self.fallback) * a + underflow_floor(self.fallback)
+        return torch.where(a <= big, inside, outside)
+
+
+@dataclass
+class Evaluation:
+    """What one tracked evaluation met: ops modelled by perturbation, and whether any
+    intermediate passed fp32's range (an fp32 implementation overflows there)."""
+
+    perturbed: set[str] = field(default_factory=set)
+    overflow: bool = False
+
+
+_units: contextvars.ContextVar[Units | None] = contextvars.ContextVar("rounding_units", default=None)
+_evaluation: contextvars.ContextVar[Evaluation | None] = contextvars.ContextVar("rounding_evaluation", default=None)
+
+
+def _sanitise(e: torch.Tensor) -> torch.Tensor:
+    """A NaN bound (inf * 0) is no bound: infinite."""
+    return torch.where(torch.isnan(e), math.inf, e)
+
+
+class Tracked(torch.Tensor):
+    """A float64 value and its error bound (``err``), dispatched together (module docstring)."""
+
+    @staticmethod
+    def __new__(cls, value: torch.Tensor, err: torch.Tensor, requires_grad: bool = False):
+        return torch.Tensor._make_wrapper_subclass(
+            cls, value.shape, strides=value.stride(), storage_offset=value.storage_offset(), dtype=value.dtype,
+            device=value.device, layout=value.layout, requires_grad=requires_grad)
+
+    def __init__(self, value: torch.Tensor, err: torch.Tensor, requires_grad: bool = False):
+        self.value = value
+        self.err = err
+
+    def __repr__(self) -> str:
+        return f"Tracked(value={self.value}, err={self.err})"
+
+    def __tensor_flatten__(self):
+        return ["value", "err"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        return Tracked(inner["value"], inner["err"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        units = _units.get()
+        if units is None:
+            raise RuntimeError("a Tracked tensor was used outside tritoncheck.define.rounding.tracking()")
+        out = _dispatch(func, args, kwargs, units)
+        return return_and_correct_aliasing(func, args, kwargs, out)
+
+
+def track(value: torch.Tensor, err: torch.Tensor | None = None, requires_grad: bool = False) -> Tracked:
+    """``value`` (float64) with error bound ``err`` (default 0: an input read as it is)."""
+    value = value.detach()
+    if err is None:
+        err = torch.zeros_like(value)
+    return Tracked(value, err.detach(), requires_grad)
+
+
+def values_of(tree):
+    return pytree.tree_map_only(Tracked, lambda t: t.value, tree)
+
+
+def errors_of(tree):
+    return pytree.tree_map_only(Tracked, lambda t: t.err, tree)
+
+
+@contextlib.contextmanager
+def tracking(units: Units) -> Iterator[Evaluation]:
+    """Inside, ops on :class:`Tracked` tensors carry their bounds with these units."""
+    evaluation = Evaluation()
+    tokens = _units.set(units), _evaluation.set(evaluation)
+    try:
+        yield evaluation
+    finally:
+        _units.reset(tokens[0])
+        _evaluation.reset(tokens[1])
+
+
+# --------------------------------------------------------------------------- dispatch
+
+def _packet(func) -> Any:
+    return getattr(func, "overloadpacket", func)
+
+
+def _err(a, like: torch.Tensor | None = None) -> torch.Tensor | float:
+    if isinstance(a, Tracked):
+        return a.err
+    if isinstance(a, torch.Tensor):
+        return torch.zeros_like(a, dtype=torch.float64) if a.dtype.is_floating_point else 0.0
+    return 0.0
+
+
+def _wrap(value, err) -> Any:
+    if isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
+        ev = _evaluation.get()
+        if ev is not None and not ev.overflow and value.numel() and \
+                bool((value.abs() > float(torch.finfo(torch.float32).max)).any() & torch.isfinite(value).all()):
+            ev.overflow = True
+        if not isinstance(err, torch.Tensor):
+            err = torch.full_like(value, float(err))
+        return Tracked(value, _sanitise(err.to(value.dtype).expand(value.shape).contiguous()
+                                        if err.shape != value.shape else err.to(value.dtype)))
+    return value
+
+
+def _dispatch(func, args, kwargs, units: Units):
+    packet = _packet(func)
+    rule = _RULES.get(packet)
+    if rule is not None:
+        return rule(func, args, kwargs, units)
+    if func.is_view or packet in _MOVES:
+        return _moved(func, args, kwargs)
+    if packet in _LOCAL_DECOMPOSITIONS:
+        return _composite(lambda *a, **k: _LOCAL_DECOMPOSITIONS[packet](func, a, k), args, kwargs, units)
+    if packet not in _FUNCTIONS and func in decomposition_table and func.namespace == "aten":
+        return _composite(decomposition_table[func], args, kwargs, units)
+    if torch.Tag.pointwise in func.tags:
+        return _pointwise(func, args, kwargs, units, transcendental=True)
+    return _perturbed(func, args, kwargs, units)
+
+
+def _composite(decomposition: Callable, args, kwargs, units: Units):
+    """A composite op (softmax, layer norm, gelu, ...) as PyTorch runs it in eager: one
+    kernel whose intermediates stay in fp32, its result rounded once to the intermediate
+    dtype. Its decomposition is evaluated with fp32 intermediates, then that rounding added."""
+    token = _units.set(dataclasses.replace(units, intermediate=units.fallback))
+    try:
+        out = decomposition(*args, **kwargs)
+    finally:
+        _units.reset(token)
+
+    def rounded(t):
+        return _wrap(t.value, t.err + units.round_off(t.value)) if isinstance(t, Tracked) else t
+    return pytree.tree_map(rounded, out)
+
+
+def _plain(func, args, kwargs):
+    """The op on the values alone, outputs as plain tensors (non-float results need no bound)."""
+    return func(*values_of(args), **values_of(kwargs))
+
+
+def _moved(func, args, kwargs):
+    """Moves of values: the same move of the errors. A fill value (an argument of type
+    Scalar: ``masked_fill``'s, padding's, ``scatter``'s) and an untracked tensor are exact:
+    they move 0."""
+    value = _plain(func, args, kwargs)
+    schema = {a.name: a.type.kind() for a in func._schema.arguments}
+    names = [a.name for a in func._schema.arguments]
+
+    def exact(a, name=None):
+        if isinstance(a, Tracked):
+            return a.err
+        if isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
+            return torch.zeros_like(a, dtype=torch.float64)
+        if name is not None and schema.get(name) == "NumberType" and isinstance(a, (int, float)) \
+                and not isinstance(a, bool):
+            return 0.0
+        return a
+
+    err_args = [pytree.tree_map(exact, a) if isinstance(a, (list, tuple)) else
+                exact(a, names[i] if i < len(names) else None) for i, a in enumerate(args)]
+    err_kwargs = {k: exact(v, k) for k, v in kwargs.items()}
+    err = func(*err_args, **err_kwargs)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_wrap(v, e) for v, e in zip(value, err))
+    return _wrap(value, err)
+
+
+def _float_tensors(args) -> list[tuple[int, Any]]:
+    return [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.dtype.is_floating_point]
+
+
+def _partials(func, args, kwargs, shape) -> list[torch.Tensor | None]:
+    """df/dx_i of a pointwise op at the values, per element of the output (inputs expanded
+    to its shape first, so that a broadcast input's partial is not summed)."""
+    values = list(values_of(args))
+    leaves = {}
+    for i, a in _float_tensors(values):
+        leaf = a.detach().to(torch.float64).expand(shape).clone().requires_grad_(True)
+        values[i] = leaf
+        leaves[i] = leaf
+    if not leaves:
+        return []
+    # inside __torch_dispatch__ the autograd keys are excluded: restore them (and keep the
+    # Python key out: these are plain tensors) for the op's own derivative
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(),
+                                         torch._C.DispatchKeySet(torch._C.DispatchKey.Python)), \
+            torch.enable_grad():
+        z = func(*values, **values_of(kwargs))
+        if not (isinstance(z, torch.Tensor) and z.requires_grad):
+            return [None for _ in leaves]
+        grads = torch.autograd.grad(z, list(leaves.values()), torch.ones_like(z), allow_unused=True)
+    return list(grads)
+
+
+def _pointwise(func, args, kwargs, units: Units, transcendental: bool):
+    value = _plain(func, args, kwargs)
+    if not (isinstance(value, torch.Tensor) and value.dtype.is_floating_point):
+        return value
+    floats = _float_tensors(args)
+    partials = _partials(func, args, kwargs, value.shape)
+    e = torch.zeros_like(value)
+    argument = torch.zeros_like(value)
+    for (i, a), d in zip(floats, partials):
+        if d is None:
+            continue
+        d = d.abs()
+        e = e + d * _err(a)
+        x = values_of(a)
+        argument = argument + (d * x.abs().expand(value.shape))
+    e = e + units.round_off(value)
+    if transcendental:
+        e = e + units.function * (EXP_ULPS * value.abs() + argument)
+    return _wrap(value, e)
+
+
+def _arithmetic(func, args, kwargs, units: Units):
+    out = _pointwise(func, args, kwargs, units, transcendental=False)
+    if _packet(func) is aten.mul and isinstance(out, Tracked):
+        ex, ey = (_err(a) for a in args[:2])
+        out = _wrap(out.value, out.err + ex * ey)
+    return out
+
+
+def _exact(func, args, kwargs, units: Units):
+    """An op whose result takes no rounding: the bound moves through its partials."""
+    value = _plain(func, args, kwargs)
+    if not (isinstance(value, torch.Tensor) and value.dtype.is_floating_point):
+        return value
+    e = torch.zeros_like(value)
+    for (_, a), d in zip(_float_tensors(args), _partials(func, args, kwargs, value.shape)):
+        if d is not None:
+            e = e + d.abs() * _err(a)
+    return _wrap(value, e)
+
+
+def _lipschitz(func, args, kwargs, units: Units):
+    """max, min, clamp, relu-like: exact results whose error is at most the largest input's."""
+    value = _plain(func, args, kwargs)
+    if not (isinstance(value, torch.Tensor) and value.dtype.is_floating_point):
+        return value
+    e = torch.zeros_like(value)
+    for _, a in _float_tensors(args):
+        e = torch.maximum(e, torch.as_tensor(_err(a), dtype=torch.float64, device=value.device).expand(value.shape))
+    return _wrap(value, e)
+
+
+def _steps(func, args, kwargs, units: Units):
+    """round, floor, ceil, trunc, sign: exact where the value is farther than its error from
+    a step of the function; the step's height (1; 2 for sign) where it is not."""
+    value = _plain(func, args, kwargs)
+    if not (isinstance(value, torch.Tensor) and value.dtype.is_floating_point):
+        return value
+    x, e = values_of(args[0]), _err(args[0])
+    packet = _packet(func)
+    if packet is aten.sign:
+        near, height = x.abs() <= e, 2.0
+    elif packet is aten.round:
+        frac = x - torch.floor(x)
+        near, height = (frac - 0.5).abs() <= e, 1.0
+    else:
+        frac = x - torch.floor(x)
+        near, height = torch.minimum(frac, 1 - frac) <= e, 1.0
+    return _wrap(value, torch.where(near & (torch.as_tensor(e) > 0), height, 0.0).to(torch.float64))
+
+
+def _to_copy(func, args, kwargs, units: Units):
+    """A cast: to float64 it moves the values; to a narrower float the reference rounds on
+    purpose (a kernel rounding the same value rounds the same), so the result may differ by
+    one step of the target where the value carries an error; to an integer, a step."""
+    value = _plain(func, args, kwargs)
+    source = args[0]
+    if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
+        return value
+    e = _err(source)
+    if value.dtype == torch.float64:
+        return _wrap(value, e if isinstance(e, torch.Tensor) else torch.zeros_like(value))
+    from tritoncheck.tolerance import ulp
+    step = ulp(value.to(torch.float64), value.dtype) if value.dtype in (torch.float32, torch.float16,
+                                                                      torch.bfloat16) else \
+        value.to(torch.float64).abs() * unit_roundoff_of(value.dtype) * 2
+    e = torch.as_tensor(e, dtype=torch.float64, device=value.device)
+    return _wrap(value.to(torch.float64), e + torch.where(e > 0, step, 0.0))
+
+
+def unit_roundoff_of(dtype: torch.dtype) -> float:
+    """u of any float dtype, the float8 formats included (2^-(mantissa bits + 1))."""
+    return 2.0 ** -(torch.finfo(dtype).nmant + 1) if hasattr(torch.finfo(dtype), "nmant") else \
+        float(torch.finfo(dtype).eps) / 2
+
+
+def _reduction_dims(func, args, kwargs) -> tuple[list[int] | None, bool]:
+    """(the reduced dims, None for all; keepdim) of a sum/mean/amax-like call."""
+    if len(args) < 2 and "dim" not in kwargs:
+        return None, False
+    dims = args[1] if len(args) > 1 else kwargs["dim"]
+    dims = [dims] if isinstance(dims, int) else (list(dims) if dims is not None else None)
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    return (dims or None), bool(keepdim)
+
+
+def _summed(t: torch.Tensor, dims, keepdim: bool) -> torch.Tensor:
+    return aten.sum.dim_IntList(t, dims, keepdim) if dims is not None else aten.sum.default(t)
+
+
+def _sum(func, args, kwargs, units: Units):
+    """sum, mean over n terms: sum e_i + sum_error(n, u_acc) sum |x_i|, (over n), + r(z)."""
+    value = _plain(func, args, kwargs)
+    x = values_of(args[0])
+    dims, keepdim = _reduction_dims(func, args, kwargs)
+    n = max(1, x.numel() // max(1, value.numel()))
+    e = _summed(_err_tensor(args[0], x), dims, keepdim) + \
+        sum_error(n, units.accumulate) * _summed(x.abs(), dims, keepdim)
+    if _packet(func) is aten.mean:
+        e = e / n
+    return _wrap(value, e.reshape(value.shape) + units.round_off(value))
+
+
+def _cumsum(func, args, kwargs, units: Units):
+    value = _plain(func, args, kwargs)
+    x, dim = args[0], args[1]
+    v = values_of(x)
+    counts = torch.arange(1, v.shape[dim] + 1, device=v.device, dtype=torch.float64)
+    shape = [1] * v.dim()
+    shape[dim] = v.shape[dim]
+    e = aten.cumsum.default(_err(x) if isinstance(x, Tracked) else torch.zeros_like(v), dim) + \
+        sum_error(counts.reshape(shape), units.accumulate) * aten.cumsum.default(v.abs(), dim)
+    return _wrap(value, e + units.round_off(value))
+
+
+def _extremum(func, args, kwargs, units: Units):
+    """amax/amin, max/min over a dim (with indices) or over all: the chosen value's error is
+    at most the largest error among the candidates; max/min of two tensors as ``maximum``."""
+    if len(args) > 1 and isinstance(args[1], torch.Tensor):
+        return _lipschitz(func, args, kwargs, units)
+    value = _plain(func, args, kwargs)
+    dims, keepdim = _reduction_dims(func, args, kwargs)
+    e = _err_tensor(args[0], values_of(args[0]))
+    err = aten.amax.default(e, dims, keepdim) if dims is not None else e.amax()
+    if isinstance(value, (tuple, list)):  # (values, indices)
+        return type(value)([_wrap(value[0], err), *value[1:]])
+    return _wrap(value, err.reshape(value.shape))
+
+
+def _product(a_abs, b_abs, ea, eb, k: int, units: Units, mm) -> torch.Tensor:
+    return mm(a_abs, eb) + mm(ea, b_abs) + (units.dot + sum_error(k, units.accumulate)) * mm(a_abs, b_abs)
+
+
+def _matmul(func, args, kwargs, units: Units):
+    """mm, bmm, mv, dot: |A| e_B + e_A |B| + (u_dot + sum_error(K)) |A||B| + r(z)."""
+    value = _plain(func, args, kwargs)
+    a, b = args[0], args[1]
+    va, vb = values_of(a), values_of(b)
+    k = va.shape[-1]
+    e = _product(va.abs(), vb.abs(), _err_tensor(a, va), _err_tensor(b, vb), k, units, func)
+    return _wrap(value, e + units.round_off(value))
+
+
+def _err_tensor(a, v: torch.Tensor) -> torch.Tensor:
+    e = _err(a)
+    return e if isinstance(e, torch.Tensor) else torch.zeros_like(v, dtype=torch.float64)
+
+
+def _addmm(func, args, kwargs, units: Units):
+    """beta bias + alpha (A @ B), (b)addbmm too: the product's bound, the bias's error, one
+    rounding of the sum."""
+    value = _plain(func, args, kwargs)
+    bias, a, b = args[0], args[1], args[2]
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+    va, vb = values_of(a), values_of(b)
+    mm = aten.bmm.default if _packet(func) is aten.baddbmm else aten.mm.default
+    e = abs(alpha) * _product(va.abs(), vb.abs(), _err_tensor(a, va), _err_tensor(b, vb), va.shape[-1], units, mm)
+    e = e + abs(beta) * torch.as_tensor(_err(bias), dtype=torch.float64, device=value.device)
+    return _wrap(value, e + units.round_off(value))
+
+
+def _perturbed(func, args, kwargs, units: Units):
+    """An op without a rule or a decomposition: each input moved by its error with random
+    signs (four draws per input, fixed seed), the largest change of the result, plus a
+    library function's evaluation error."""
+    value = _plain(func, args, kwargs)
+    if not (isinstance(value, torch.Tensor) and value.dtype.is_floating_point):
+        return value
+    ev = _evaluation.get()
+    if ev is not None:
+        ev.perturbed.add(str(_packet(func)))
+    values = list(values_of(args))
+    gen = torch.Generator(device="cpu").manual_seed(20261128)
+    e = torch.zeros_like(value)
+    for i, a in enumerate(args):
+        if not isinstance(a, Tracked) or not bool((a.err > 0).any()):
+            continue
+        worst = torch.zeros_like(value)
+        for _ in range(4):
+            signs = (torch.randint(0, 2, a.value.shape, generator=gen) * 2 - 1).to(a.value)
+            moved = list(values)
+            moved[i] = a.value + signs * a.err
+            out = func(*moved, **values_of(kwargs))
+            worst = torch.maximum(worst, _sanitise((out - value).abs()))
+        e = e + worst
+    e = e + units.function * EXP_ULPS * value.abs() + units.round_off(value)
+    return _wrap(value, e)
+
+
+def _constant(func, args, kwargs, units: Units):
+    """A tensor made from nothing tracked (zeros, full, arange, ..._like): exact."""
+    return _wrap(_plain(func, args, kwargs), 0.0)
+
+
+def _copy_(func, args, kwargs, units: Units):
+    value = _plain(func, args, kwargs)
+    return _wrap(value, torch.as_tensor(_err(args[1]), dtype=torch.float64, device=value.device).expand(
+        value.shape).clone())
+
+
+_MOVES = {
+    aten.clone, aten.contiguous, aten.cat, aten.stack, aten.index, aten.index_select, aten.gather, aten.flip,
+    aten.roll, aten.repeat, aten.constant_pad_nd, aten.masked_fill, aten.tril, aten.triu, aten.where,
+    aten.scatter, aten.index_put, aten.lift_fresh, aten.lift_fresh_copy, aten.alias, aten.split_with_sizes,
+    aten.unbind, aten.split, aten.fill, aten.index_fill, aten.new_empty_strided, aten.detach, aten.slice_scatter,
+    aten.select_scatter, aten.diagonal_scatter, aten.as_strided_scatter, aten.unfold, aten.embedding,
+    aten.permute, aten.expand, aten.view, aten._unsafe_view, aten.reshape, aten.t, aten.transpose,
+    aten.squeeze, aten.unsqueeze, aten.select, aten.slice, aten.narrow, aten.diagonal, aten.as_strided,
+    aten.expand_copy, aten.view_copy, aten.permute_copy,
+}
+
+def _bound_arguments(func, args, kwargs) -> dict[str, Any]:
+    """An ATen call's arguments by their schema names (defaults filled in)."""
+    named = {}
+    for i, argument in enumerate(func._schema.arguments):
+        if i < len(args) and not argument.kwarg_only:
+            named[argument.name] = args[i]
+        elif argument.name in kwargs:
+            named[argument.name] = kwargs[argument.name]
+        elif argument.has_default_value():
+            named[argument.name] = argument.default_value
+    return named
+
+
+def _var_mean(func, args, kwargs):
+    """(variance, mean) as two passes compute them: the mean, the squared deviations summed."""
+    a = _bound_arguments(func, args, kwargs)
+    x, dim, keepdim = a["self"], a.get("dim"), bool(a.get("keepdim", False))
+    correction = a.get("correction")
+    if correction is None:
+        correction = 1 if a.get("unbiased", True) else 0
+    dims = [dim] if isinstance(dim, int) else (list(dim) if dim else None)
+    mean = torch.mean(x, dim=dims, keepdim=True) if dims else torch.mean(x).reshape([1] * x.dim())
+    n = x.numel() // max(1, mean.numel())
+    squares = (x - mean) ** 2
+    total = torch.sum(squares, dim=dims, keepdim=keepdim) if dims else torch.sum(squares)
+    if keepdim and not dims:
+        total = total.reshape([1] * x.dim())
+    var = total / max(1, n - correction)
+    return var, (mean if keepdim else mean.reshape(var.shape))
+
+
+def _vector_norm(func, args, kwargs):
+    a = _bound_arguments(func, args, kwargs)
+    x, order, dim, keepdim = a["self"], a.get("ord", 2), a.get("dim"), bool(a.get("keepdim", False))
+    dims = list(dim) if dim else None
+    if order == math.inf:
+        return torch.amax(x.abs(), dim=dims or [], keepdim=keepdim)
+    total = torch.sum(x.abs() ** order, dim=dims, keepdim=keepdim) if dims else torch.sum(x.abs() ** order)
+    return total ** (1.0 / order)
+
+
+# composite ops whose PyTorch decompositions leave ATen for prims: written here in ATen ops
+_LOCAL_DECOMPOSITIONS = {
+    aten.var_mean: _var_mean,
+    aten.var: lambda f, a, k: _var_mean(f, a, k)[0],
+    aten.std: lambda f, a, k: _var_mean(f, a, k)[0].sqrt(),
+    aten.std_mean: lambda f, a, k: (lambda vm: (vm[0].sqrt(), vm[1]))(_var_mean(f, a, k)),
+    aten.linalg_vector_norm: _vector_norm,
+}
+# library functions: evaluated in fp32 to a few ulps of their (rounded) argument, whatever
+# PyTorch's decomposition of them would say
+_FUNCTIONS = {
+    aten.exp, aten.exp2, aten.expm1, aten.log, aten.log2, aten.log10, aten.log1p, aten.erf, aten.erfc, aten.erfinv,
+    aten.tanh, aten.sin, aten.cos, aten.tan, aten.asin, aten.acos, aten.atan, aten.sinh, aten.cosh, aten.asinh,
+    aten.acosh, aten.atanh, aten.sigmoid, aten.rsqrt, aten.pow, aten.atan2, aten.lgamma, aten.digamma,
+}
+
+_RULES: dict[Any, Callable] = {}
+for _p in (aten.add, aten.sub, aten.rsub, aten.mul, aten.div, aten.true_divide, aten.reciprocal, aten.addcmul,
+           aten.addcdiv, aten.lerp, aten.square, aten.sqrt):
+    _RULES[_p] = _arithmetic
+for _p in (aten.neg, aten.abs, aten.positive):
+    _RULES[_p] = _exact
+for _p in (aten.maximum, aten.minimum, aten.fmax, aten.fmin, aten.clamp, aten.clamp_min, aten.clamp_max,
+           aten.relu, aten.hardtanh):
+    _RULES[_p] = _lipschitz
+for _p in (aten.round, aten.floor, aten.ceil, aten.trunc, aten.sign):
+    _RULES[_p] = _steps
+for _p in (aten.sum, aten.mean):
+    _RULES[_p] = _sum
+for _p in (aten.amax, aten.amin, aten.max, aten.min):
+    _RULES[_p] = _extremum
+for _p in (aten.mm, aten.bmm, aten.mv, aten.dot):
+    _RULES[_p] = _matmul
+for _p in (aten.addmm, aten.baddbmm):
+    _RULES[_p] = _addmm
+for _p in (aten.zeros_like, aten.ones_like, aten.full_like, aten.empty_like, aten.zeros, aten.ones, aten.full,
+           aten.arange, aten.scalar_tensor, aten.empty, aten.new_zeros, aten.new_ones, aten.new_full,
+           aten.new_empty, aten.empty_strided, aten.rand_like, aten.randn_like):
+    _RULES[_p] = _constant
+_RULES[aten.cumsum] = _cumsum
+_RULES[aten._to_copy] = _to_copy
+_RULES[aten.copy_] = _copy_
+_RULES[aten.copy] = _copy_
+
+
+# --------------------------------------------------------------------------- evaluation
+
+def evaluate(reference: Callable, arguments: Sequence[Any], units: Units) -> tuple[Any, Evaluation]:
+    """``reference(*arguments)`` with every float tensor argument tracked from 0: its outputs
+    as :class:`Tracked` tensors, and what the evaluation met."""
+    tracked = [track(a.to(torch.float64)) if isinstance(a, torch.Tensor) and a.dtype.is_floating_point else a
+               for a in arguments]
+    with tracking(units) as evaluation, torch.no_grad():
+        out = reference(*tracked)
+    return out, evaluation
+
+
+def evaluate_gradients(reference: Callable, arguments: Sequence[Any], differentiable: Sequence[int],
+                       outputs: Sequence[int], upstream: Sequence[torch.Tensor], units: Units
+                       ) -> tuple[list[Tracked], Evaluation]:
+    """The gradients of the reference's outputs ``outputs`` (positions in its result) with
+    respect to its arguments ``differentiable`` (positions), given exact upstream
+    gradients, each with its error bound."""
+    tracked = []
+    for i, a in enumerate(arguments):
+        if isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
+            tracked.append(track(a.to(torch.float64), requires_grad=i in differentiable))
+        else:
+            tracked.append(a)
+    with tracking(units) as evaluation, torch.enable_grad():
+        out = reference(*tracked)
+        out = out if isinstance(out, (tuple, list)) else (out,)
+        grads = torch.autograd.grad([out[i] for i in outputs], [tracked[i] for i in differentiable],
+                                    [track(g.to(torch.float64)) for g in upstream], allow_unused=True)
+    return list(grads), evaluation
