@@ -41,15 +41,32 @@ _PUBLIC = {
     "Refusal": "refusals",
     "verify": "verifier",
     "Verdict": "verifier",
+    # defining an op of your own (docs/your-op.md)
+    "op": "define.op",
+    "Definition": "define.op",
+    "Tensor": "define.signature",
+    "Scalar": "define.signature",
+    "Output": "define.signature",
+    "Dim": "define.signature",
+    "finite": "define.domains",
+    "reals": "define.domains",
+    "positive": "define.domains",
+    "unit_interval": "define.domains",
+    "probabilities": "define.domains",
+    "integers": "define.domains",
 }
-__all__ = ["__version__", *_PUBLIC]
+# modules reached as attributes: tritoncheck.rules.derived(), .parity(), .allclose()
+_MODULES = {"rules": "define.rules"}
+__all__ = ["__version__", *_PUBLIC, *_MODULES]
 
 
 def __getattr__(name: str):
     if name in _PUBLIC:
         return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+    if name in _MODULES:
+        return importlib.import_module(f"{__name__}.{_MODULES[name]}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_PUBLIC])
+    return sorted([*globals(), *_PUBLIC, *_MODULES])

@@ -54,6 +54,9 @@ def parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("impls", nargs="*", metavar="OP=module:function",
                    help="the function to check for OP (repeatable); only the ops named run")
+    p.add_argument("--op-module", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first: the ops it defines with @tritoncheck.op can be checked (repeatable; "
+                        "also [tool.tritoncheck] op-modules in pyproject.toml, or OP written module:op)")
     p.add_argument("--list-ops", action="store_true", help="print the contract table of every op and exit")
     p.add_argument("--dtype", action="append", default=[], metavar="DTYPE",
                    help="only this dtype: float32, float16, bfloat16 (repeatable)")
@@ -93,6 +96,8 @@ def pytest_args(ns: argparse.Namespace, extra: list[str], profile: str | None = 
     args = [str(here / "suite.py"), "-p", "tritoncheck.plugin", "-o", "tritoncheck=true", "-p", "no:cacheprovider",
             "--confcutdir", str(here), "--rootdir", str(here), "--report-dir", ns.report_dir, "--backend", ns.backend,
             "--refusals", ns.refusals, "--tolerance", ns.tolerance]
+    for module in ns.op_module:
+        args += ["--op-module", module]
     for spec in ns.impls:
         args += ["--impl", spec]
     for dtype in ns.dtype:

@@ -32,7 +32,10 @@ def precision(impl: Implementation, case: Case) -> Precision:
 
 
 def rule_name(fn) -> str:
-    """``module.function`` of a tolerance binding, for messages about its allowances."""
+    """``module.function`` of a tolerance binding, for messages about its allowances (a defined
+    op's rule says what it is: ``rule_description``)."""
+    if getattr(fn, "rule_description", None):
+        return fn.rule_description
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 

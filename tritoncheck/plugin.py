@@ -128,6 +128,9 @@ def pytest_addoption(parser):
     group.addoption("--impl", action="append", default=[], metavar="OP=module:function",
                     help="test this function for OP instead of the project's kernel (repeatable); only the ops named run, "
                          "at the quick profile unless --hypothesis-profile names another (gpu for depth)")
+    group.addoption("--op-module", action="append", default=[], metavar="MODULE",
+                    help="import MODULE, whose tritoncheck.op definitions become ops of the run (repeatable; also "
+                         "[tool.tritoncheck] op-modules in pyproject.toml, and OP=... written module:op)")
     group.addoption("--report-dir", default="reports", help="where the tolerance report and failing cases go")
     group.addoption("--max-examples", type=int, default=None,
                     help="examples per test, overriding the profile's (sizes still follow the profile)")
@@ -320,6 +323,9 @@ def _configure_run(config, profile: str) -> None:
     if autotune != "tuned" and not autotune.isdigit():
         raise ValueError(f"--autotune-config must be 'tuned' or a config index >= 0, got {autotune!r}")
     CONFIG.autotune_config = None if autotune == "tuned" else int(autotune)
+    from tritoncheck.define import discovery
+    discovery.load(config.getoption("--op-module"),
+                   [spec.partition("=")[0] for spec in config.getoption("--impl")])
     CONFIG.ops = tuple(config.getoption("--op")) or None
     CONFIG.refusals = config.getoption("--refusals")
     CONFIG.dtypes = tuple(dtype_from_name(d) for d in config.getoption("--dtype")) or None
@@ -337,7 +343,7 @@ def _configure_run(config, profile: str) -> None:
         op, sep, target = spec.partition("=")
         if not sep:
             raise ValueError(f"--impl {spec!r}: expected OP=package.module:function")
-        registry.register_implementation(op.strip(), target.strip())
+        registry.register_implementation(discovery.op_name(op), target.strip())
     user = registry.user_implementations()
     if user and CONFIG.ops and not set(CONFIG.ops) & set(user):
         raise ValueError(f"--op {', '.join(CONFIG.ops)} selects none of the ops given with --impl "

@@ -127,7 +127,7 @@ class OpSpec:
     signature: str
     arguments: tuple[str, ...]  # positional arguments, contract order
     outputs: tuple[str, ...]  # names of the returned tensors, in order
-    kernel: str  # "module:function" of the project's kernel
+    kernel: str | None  # "module:function" of the project's kernel (None: a defined op without one)
     reference: Callable[..., Any]  # fp64 NumPy, same signature
     cases: Callable[[torch.dtype], st.SearchStrategy[Case]]
     tolerance: Callable[..., dict[str, np.ndarray]]  # (case, inputs64, expected, precision) -> allowed
@@ -151,6 +151,9 @@ class OpSpec:
     # layouts an implementation may declare (``fn.layout``) besides the contract's: name ->
     # {tensor (argument or output): the contract's axes in the order the implementation has them}
     layouts: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
+    # "module:qualname" of the definition of an op defined with tritoncheck.op (a replay imports
+    # its module to find the op again); "" for an op the suite's properties/ register
+    origin: str = ""
 
     def __post_init__(self):
         if not self.name.isidentifier():
@@ -167,7 +170,7 @@ class OpSpec:
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"OpSpec {self.name!r}: checks named more than once: {sorted(dup)}")
-        if ":" not in self.kernel:
+        if self.kernel is not None and ":" not in self.kernel:
             raise ValueError(f"OpSpec {self.name!r}: kernel must be 'module:function', got {self.kernel!r}")
         if self.grad_inputs:
             if None in (self.torch_reference, self.grad_tolerance, self.output_shapes) or not self.grad_outputs:
@@ -443,7 +446,9 @@ def register_implementation(op: str, fn: Callable | str, name: str | None = None
     """
     load()
     if op not in OPS:
-        raise ValueError(f"unknown op {op!r}; known ops: {', '.join(sorted(OPS))}")
+        raise ValueError(f"unknown op {op!r}; known ops: {', '.join(sorted(OPS))}. An op of your own is defined with "
+                         "@tritoncheck.op in a module the run imports: --op-module MODULE, OP written as module:op, "
+                         "or [tool.tritoncheck] op-modules in pyproject.toml (docs/your-op.md)")
     label = fn if isinstance(fn, str) else None
     if isinstance(fn, str):
         fn = resolve(fn)
@@ -468,4 +473,6 @@ def implementations(op: str) -> list[Implementation]:
     if _user_impls:
         return list(_user_impls.get(op, []))
     spec = OPS[op]
+    if spec.kernel is None:  # a defined op without a default kernel: checked only through --impl
+        return []
     return [Implementation.of(op, resolve(spec.kernel), name="triton", kind="kernel", target=spec.kernel)]

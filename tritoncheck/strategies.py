@@ -346,6 +346,9 @@ class TensorSpec:
     layout: Layout | None = None
     injections: tuple[tuple[int, float], ...] = ()
     max_magnitude: float | None = None
+    # a value domain of a defined op (tritoncheck/define/domains.py): (kind, numbers) of the map
+    # from the family's draw into it; () for the families' values as drawn
+    domain: tuple = ()
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -354,7 +357,12 @@ class TensorSpec:
     def materialise(self, device: torch.device | str = "cpu") -> torch.Tensor:
         rng = np.random.default_rng(self.seed)
         dtype = self.torch_dtype
-        if dtype.is_floating_point:
+        if self.domain:
+            from tritoncheck.define import domains  # the defined ops' maps (a leaf module)
+            draw = _family_values(rng, self.shape, self.family, self.scale,
+                                  dtype if dtype.is_floating_point else torch.float64, self.max_magnitude)
+            values = domains.materialise(draw, self.domain, self.family, rng, dtype)
+        elif dtype.is_floating_point:
             values = _family_values(rng, self.shape, self.family, self.scale, dtype, self.max_magnitude)
         else:
             values = rng.integers(0, int(self.scale), self.shape)
@@ -369,6 +377,9 @@ class TensorSpec:
         scale = f" scale={self.scale:g}" if self.family not in ("near_max", "tiny", "indices") else ""
         if self.family == "indices":
             scale = f" in [0, {int(self.scale)})"
+        if self.domain:
+            from tritoncheck.define import domains
+            scale += f" {domains.describe(self.domain)}"
         text = f"shape {list(self.shape)} {self.dtype}, {self.family}{scale}, seed {self.seed}"
         if self.layout is not None and not self.layout.contiguous:
             text += f", {self.layout.describe()}"
@@ -390,6 +401,8 @@ class TensorSpec:
             lay["order"] = tuple(lay["order"])
             d["layout"] = Layout(**lay)
         d["injections"] = tuple((int(i), float(v)) for i, v in d.get("injections", ()))
+        if d.get("domain"):
+            d["domain"] = (d["domain"][0], tuple(d["domain"][1]))
         return cls(**d)
 
 
