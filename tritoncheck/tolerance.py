@@ -45,10 +45,12 @@ U32 = _U[torch.float32]
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
-    try:
+    """u = eps / 2 of a float dtype (the float8 formats included: e4m3 2^-4, e5m2 2^-3)."""
+    if dtype in _U:
         return _U[dtype]
-    except KeyError:
-        raise ValueError(f"no unit roundoff known for {dtype}") from None
+    if not dtype.is_floating_point:
+        raise ValueError(f"no unit roundoff known for {dtype}")
+    return float(torch.finfo(dtype).eps) / 2
 
 
 def underflow_floor(dtype: torch.dtype) -> float:
@@ -122,7 +124,7 @@ def ulp(values, dtype: torch.dtype):
     """Spacing of ``dtype`` at each value (the subnormal spacing below the smallest normal);
     ``values`` a NumPy array or a torch tensor (the result is of the same kind)."""
     info = torch.finfo(dtype)
-    mant = {torch.float64: 52, torch.float32: 23, torch.float16: 10, torch.bfloat16: 7}[dtype]
+    mant = round(-np.log2(float(info.eps)))  # explicit mantissa bits: 52, 23, 10, 7; e4m3 3, e5m2 2
     if isinstance(values, torch.Tensor):
         mag = values.to(torch.float64).abs().clamp(min=float(info.tiny))
         mag = torch.where(torch.isfinite(mag), mag, float(info.max))

@@ -1,10 +1,13 @@
 """The derived allowance of an op defined by its reference alone: a running error bound.
 
-The fp64 reference is evaluated once more with every tensor carrying, beside its value,
-a bound ``e >= 0`` on how far an implementation that evaluates the same expression in
-the op's precision may be from that value (first order, per element). Every ATen op the
-reference runs (PyTorch's decompositions open the composite ones: ``softmax`` becomes
-``amax``, ``sub``, ``exp``, ``sum``, ``div``) adds its rounding to what it inherits:
+The fp64 reference is evaluated once more with every tensor carrying, beside its float64
+value, a bound ``e >= 0`` on how far an implementation that evaluates the same expression
+in the op's precision may be from that value (first order, per element), and its
+*nominal* dtype: the dtype PyTorch eager would hold it in, run on the case's inputs as
+they are (``float16`` for a float16 input; ``float32`` after ``.float()``; the promotion of
+the operands' for an op; a cast's target). Every ATen op the reference runs adds its
+rounding to what it inherits (PyTorch's decompositions open the composite ones:
+``softmax`` becomes ``amax``, ``sub``, ``exp``, ``sum``, ``div``):
 
 * inputs: ``e = 0`` (the implementation and the reference read the same rounded inputs);
 * arithmetic (``add``, ``mul``, ``div``, ``where``, ``maximum``, ...), correctly rounded:
@@ -18,29 +21,29 @@ reference runs (PyTorch's decompositions open the composite ones: ``softmax`` be
   declared accumulation precision); ``amax``/``amin``: the largest ``e_i``;
 * products (``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``mv``, ``dot``; ``matmul``,
   ``einsum`` and ``linear`` reach them): ``|A| e_B + e_A |B| + (u_dot + sum_error(K, u_acc))
-  |A||B| + r(z)``, the absolute-value product, ``u_dot`` the declared dot precision;
+  |A||B| + r(z)``: the absolute-value product, ``u_dot`` the declared dot precision;
+* a composite op (softmax, layer norm, gelu, var, ...) as PyTorch eager runs it: one
+  kernel, its inside in at least fp32, its result rounded once to its nominal dtype;
 * rounding steps the reference takes on purpose (``round``, ``floor``, a cast to a
   narrower dtype): 0 where the value is farther than ``e`` from a step, else the step;
 * moves of values (views, ``cat``, ``index``, ``gather``, ``where``'s choice, padding,
   ``clone``): the same move of the errors (a fill value moves 0);
 * any other op: each input moved by its error with random signs, four times, the
   largest change, plus a library function's ``u32 EXP_ULPS |z|`` (listed in
-  :attr:`Evaluation.perturbed`, named by the report).
+  :attr:`Evaluation.perturbed`).
 
-``r(z) = u_int |z| + floor_int``: each intermediate result rounded once. ``u_int`` is the
-op's ``intermediates`` precision: ``"input"`` (the default) rounds every intermediate to
-the case's dtype, what PyTorch eager gets from the same expression (kernels are held to
-what users get from PyTorch, not to their fp32 bound), except where a value passes that
-dtype's range (a fused kernel keeps it in fp32 there); ``"float32"`` keeps them in fp32.
-``floor_int`` is :func:`~tritoncheck.tolerance.underflow_floor`. Autograd runs through the
-same tensors, so ``torch.autograd.grad`` of the tracked reference bounds the gradients.
+``r(z) = u(d) |z| + floor(d)``: one rounding to ``d``, the nominal dtype (at least fp32
+under ``least=float32``, a fused kernel's promise); where ``|z|`` passes ``d``'s range a fused
+kernel holds it in fp32 (``u32``), and past fp32's range no fp32 implementation can hold
+it: the bound is infinite there (``Evaluation.overflow``). ``floor`` is
+:func:`~tritoncheck.tolerance.underflow_floor`. Autograd runs through the same tensors,
+so ``torch.autograd.grad`` of the tracked reference bounds the gradients.
 
 A bound that stops meaning anything (a division by a value within its own error of 0, an
-overflow) is infinite: those elements are *unconstrained*, reported as not checkable,
-never judged. Not modelled: a branch the reference takes on a value within its error of
-the threshold (``where(x > 0, ...)`` at ``x ~ 0``), where the implementation may take the
-other branch; and second-order terms beyond ``mul``'s, which ``SAFETY`` covers while the
-first-order bound is small.
+overflow) is infinite: those elements are *unconstrained*. Not modelled: a branch the
+reference takes on a value within its error of the threshold (``where(x > 0, ...)`` at
+``x ~ 0``), where an implementation may take the other branch; second-order terms beyond
+``mul``'s, which ``SAFETY`` covers while the first-order bound is small.
 """
 from __future__ import annotations
 
@@ -56,37 +59,54 @@ import torch.utils._pytree as pytree
 from torch._decomp import decomposition_table
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
-from tritoncheck.tolerance import EXP_ULPS, U32, sum_error, underflow_floor, unit_roundoff
+from tritoncheck.tolerance import EXP_ULPS, U32, U64, sum_error, ulp, underflow_floor, unit_roundoff
 
 aten = torch.ops.aten
 INTERMEDIATES = ("input", "float32")
+F32_MAX = float(torch.finfo(torch.float32).max)
+F64_FLOOR = float(torch.finfo(torch.float64).tiny) * float(torch.finfo(torch.float64).eps)
 
 
 @dataclass(frozen=True)
 class Units:
-    """The rounding units one evaluation charges (see the module docstring)."""
+    """The rounding units of one evaluation (module docstring). ``least``: intermediates in
+    at least this dtype (None: the nominal dtypes as eager has them); ``exact``: every unit
+    u(fp64), the fp64 reference's own error (``tolerance.reference_precision``)."""
 
-    intermediate: torch.dtype  # each intermediate result is rounded to this dtype (u_int)
-    accumulate: float  # unit of the accumulator of sums and products (u_acc)
-    dot: float  # relative error per product of a matrix product (u_dot)
-    function: float = U32  # unit a library function (exp, erf, ...) is evaluated in
-    fallback: torch.dtype = torch.float32  # where a value passes the intermediate dtype's range
+    accumulate: float  # u_acc: the accumulator of sums and matrix products
+    dot: float  # u_dot: per product of a matrix product
+    function: float = U32  # the unit a library function (exp, erf, ...) is evaluated in
+    least: torch.dtype | None = None
+    exact: bool = False
+    inside: bool = False  # within a composite op: at least fp32 (PyTorch's opmath)
 
-    def round_off(self, z: torch.Tensor) -> torch.Tensor:
-        """r(z): one rounding of each element of ``z`` to the intermediate precision."""
-        big = float(torch.finfo(self.intermediate).max)
+    def dtype(self, nominal: torch.dtype | None) -> torch.dtype:
+        """The dtype a result of nominal dtype ``nominal`` is rounded to."""
+        if self.exact or nominal is None:
+            return torch.float64
+        d = nominal
+        if self.least is not None:
+            d = torch.promote_types(d, self.least)
+        if self.inside and d.itemsize < 4:
+            d = torch.promote_types(d, torch.float32)
+        return d
+
+    def round_off(self, z: torch.Tensor, nominal: torch.dtype | None) -> torch.Tensor:
+        """r(z): one rounding of each element of ``z`` (module docstring)."""
         a = z.abs()
-        inside = unit_roundoff(self.intermediate) * a + underflow_floor(self.intermediate)
-        if self.intermediate == self.fallback:
-            return inside
-        outside = unit_roundoff(self.fallback) * a + underflow_floor(self.fallback)
-        return torch.where(a <= big, inside, outside)
+        d = self.dtype(nominal)
+        if d == torch.float64:
+            return U64 * a + (F64_FLOOR if self.exact else 0.0)
+        held = unit_roundoff(d) * a + underflow_floor(d) if d.itemsize >= 2 else unit_roundoff(d) * a
+        if d != torch.float32:  # past a narrow dtype's range a fused kernel holds the value in fp32
+            held = torch.where(a <= float(torch.finfo(d).max), held, U32 * a + underflow_floor(torch.float32))
+        return torch.where(a <= F32_MAX, held, math.inf)
 
 
 @dataclass
 class Evaluation:
-    """What one tracked evaluation met: ops modelled by perturbation, and whether any
-    intermediate passed fp32's range (an fp32 implementation overflows there)."""
+    """What one tracked evaluation met: ops modelled by perturbation, and whether any value
+    passed fp32's range (no fp32 implementation computes such a case)."""
 
     perturbed: set[str] = field(default_factory=set)
     overflow: bool = False
@@ -102,27 +122,30 @@ def _sanitise(e: torch.Tensor) -> torch.Tensor:
 
 
 class Tracked(torch.Tensor):
-    """A float64 value and its error bound (``err``), dispatched together (module docstring)."""
+    """A float64 value, its error bound ``err`` and its ``nominal`` dtype, dispatched together."""
 
     @staticmethod
-    def __new__(cls, value: torch.Tensor, err: torch.Tensor, requires_grad: bool = False):
+    def __new__(cls, value: torch.Tensor, err: torch.Tensor, nominal: torch.dtype | None = None,
+                requires_grad: bool = False):
         return torch.Tensor._make_wrapper_subclass(
             cls, value.shape, strides=value.stride(), storage_offset=value.storage_offset(), dtype=value.dtype,
             device=value.device, layout=value.layout, requires_grad=requires_grad)
 
-    def __init__(self, value: torch.Tensor, err: torch.Tensor, requires_grad: bool = False):
+    def __init__(self, value: torch.Tensor, err: torch.Tensor, nominal: torch.dtype | None = None,
+                 requires_grad: bool = False):
         self.value = value
         self.err = err
+        self.nominal = nominal
 
     def __repr__(self) -> str:
-        return f"Tracked(value={self.value}, err={self.err})"
+        return f"Tracked(value={self.value}, err={self.err}, nominal={self.nominal})"
 
     def __tensor_flatten__(self):
-        return ["value", "err"], None
+        return ["value", "err"], self.nominal
 
     @staticmethod
-    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
-        return Tracked(inner["value"], inner["err"])
+    def __tensor_unflatten__(inner, nominal, outer_size, outer_stride):
+        return Tracked(inner["value"], inner["err"], nominal)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -134,20 +157,16 @@ class Tracked(torch.Tensor):
         return return_and_correct_aliasing(func, args, kwargs, out)
 
 
-def track(value: torch.Tensor, err: torch.Tensor | None = None, requires_grad: bool = False) -> Tracked:
-    """``value`` (float64) with error bound ``err`` (default 0: an input read as it is)."""
-    value = value.detach()
-    if err is None:
-        err = torch.zeros_like(value)
-    return Tracked(value, err.detach(), requires_grad)
+def track(value: torch.Tensor, nominal: torch.dtype | None, err: torch.Tensor | None = None,
+          requires_grad: bool = False) -> Tracked:
+    """``value`` (held in float64) read as a ``nominal`` tensor, with error bound ``err``
+    (default 0: an input, read as it is)."""
+    value = value.detach().to(torch.float64)
+    return Tracked(value, torch.zeros_like(value) if err is None else err.detach(), nominal, requires_grad)
 
 
 def values_of(tree):
     return pytree.tree_map_only(Tracked, lambda t: t.value, tree)
-
-
-def errors_of(tree):
-    return pytree.tree_map_only(Tracked, lambda t: t.err, tree)
 
 
 @contextlib.contextmanager
@@ -168,25 +187,39 @@ def _packet(func) -> Any:
     return getattr(func, "overloadpacket", func)
 
 
-def _err(a, like: torch.Tensor | None = None) -> torch.Tensor | float:
-    if isinstance(a, Tracked):
-        return a.err
-    if isinstance(a, torch.Tensor):
-        return torch.zeros_like(a, dtype=torch.float64) if a.dtype.is_floating_point else 0.0
-    return 0.0
+def _err(a) -> torch.Tensor | float:
+    return a.err if isinstance(a, Tracked) else 0.0
 
 
-def _wrap(value, err) -> Any:
-    if isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
-        ev = _evaluation.get()
-        if ev is not None and not ev.overflow and value.numel() and \
-                bool((value.abs() > float(torch.finfo(torch.float32).max)).any() & torch.isfinite(value).all()):
+def _err_tensor(a, like: torch.Tensor) -> torch.Tensor:
+    e = _err(a)
+    return e if isinstance(e, torch.Tensor) else torch.zeros_like(like, dtype=torch.float64)
+
+
+def _nominal(args) -> torch.dtype | None:
+    """The promotion of the tracked operands' nominal dtypes (None: only exact constants)."""
+    out = None
+    for a in pytree.tree_leaves(args):
+        if isinstance(a, Tracked) and a.nominal is not None:
+            out = a.nominal if out is None else torch.promote_types(out, a.nominal)
+    return out
+
+
+def _wrap(value, err, nominal: torch.dtype | None) -> Any:
+    if not (isinstance(value, torch.Tensor) and value.dtype.is_floating_point):
+        return value
+    if not isinstance(err, torch.Tensor):
+        err = torch.full_like(value, float(err))
+    err = err.to(torch.float64)
+    if err.shape != value.shape:
+        err = err.expand(value.shape).contiguous()
+    err = _sanitise(err)
+    ev = _evaluation.get()
+    if ev is not None and not ev.overflow and value.numel():
+        finite = torch.isfinite(value)
+        if bool((finite & (value.abs() > F32_MAX)).any()):
             ev.overflow = True
-        if not isinstance(err, torch.Tensor):
-            err = torch.full_like(value, float(err))
-        return Tracked(value, _sanitise(err.to(value.dtype).expand(value.shape).contiguous()
-                                        if err.shape != value.shape else err.to(value.dtype)))
-    return value
+    return Tracked(value, err, nominal)
 
 
 def _dispatch(func, args, kwargs, units: Units):
@@ -206,31 +239,33 @@ def _dispatch(func, args, kwargs, units: Units):
 
 
 def _composite(decomposition: Callable, args, kwargs, units: Units):
-    """A composite op (softmax, layer norm, gelu, ...) as PyTorch runs it in eager: one
-    kernel whose intermediates stay in fp32, its result rounded once to the intermediate
-    dtype. Its decomposition is evaluated with fp32 intermediates, then that rounding added."""
-    token = _units.set(dataclasses.replace(units, intermediate=units.fallback))
+    """A composite op as PyTorch eager runs it: one kernel whose inside is at least fp32
+    (its decomposition evaluated so), its result rounded once to its nominal dtype."""
+    nominal = _nominal((args, kwargs))
+    token = _units.set(dataclasses.replace(units, inside=True))
     try:
         out = decomposition(*args, **kwargs)
     finally:
         _units.reset(token)
 
     def rounded(t):
-        return _wrap(t.value, t.err + units.round_off(t.value)) if isinstance(t, Tracked) else t
+        if not isinstance(t, Tracked):
+            return t
+        return _wrap(t.value, t.err + (units.round_off(t.value, nominal) if not units.inside else 0.0), nominal)
     return pytree.tree_map(rounded, out)
 
 
 def _plain(func, args, kwargs):
-    """The op on the values alone, outputs as plain tensors (non-float results need no bound)."""
+    """The op on the values alone."""
     return func(*values_of(args), **values_of(kwargs))
 
 
 def _moved(func, args, kwargs):
     """Moves of values: the same move of the errors. A fill value (an argument of type
-    Scalar: ``masked_fill``'s, padding's, ``scatter``'s) and an untracked tensor are exact:
+    number: ``masked_fill``'s, padding's, ``scatter``'s) and an untracked tensor are exact:
     they move 0."""
     value = _plain(func, args, kwargs)
-    schema = {a.name: a.type.kind() for a in func._schema.arguments}
+    kinds = {a.name: a.type.kind() for a in func._schema.arguments}
     names = [a.name for a in func._schema.arguments]
 
     def exact(a, name=None):
@@ -238,18 +273,18 @@ def _moved(func, args, kwargs):
             return a.err
         if isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
             return torch.zeros_like(a, dtype=torch.float64)
-        if name is not None and schema.get(name) == "NumberType" and isinstance(a, (int, float)) \
+        if name is not None and kinds.get(name) == "NumberType" and isinstance(a, (int, float)) \
                 and not isinstance(a, bool):
             return 0.0
         return a
 
     err_args = [pytree.tree_map(exact, a) if isinstance(a, (list, tuple)) else
                 exact(a, names[i] if i < len(names) else None) for i, a in enumerate(args)]
-    err_kwargs = {k: exact(v, k) for k, v in kwargs.items()}
-    err = func(*err_args, **err_kwargs)
+    err = func(*err_args, **{k: exact(v, k) for k, v in kwargs.items()})
+    nominal = _nominal((args, kwargs))
     if isinstance(value, (tuple, list)):
-        return type(value)(_wrap(v, e) for v, e in zip(value, err))
-    return _wrap(value, err)
+        return type(value)(_wrap(v, e, nominal) for v, e in zip(value, err))
+    return _wrap(value, err, nominal)
 
 
 def _float_tensors(args) -> list[tuple[int, Any]]:
@@ -275,41 +310,37 @@ def _partials(func, args, kwargs, shape) -> list[torch.Tensor | None]:
         z = func(*values, **values_of(kwargs))
         if not (isinstance(z, torch.Tensor) and z.requires_grad):
             return [None for _ in leaves]
-        grads = torch.autograd.grad(z, list(leaves.values()), torch.ones_like(z), allow_unused=True)
-    return list(grads)
+        return list(torch.autograd.grad(z, list(leaves.values()), torch.ones_like(z), allow_unused=True))
 
 
 def _pointwise(func, args, kwargs, units: Units, transcendental: bool):
     value = _plain(func, args, kwargs)
     if not (isinstance(value, torch.Tensor) and value.dtype.is_floating_point):
         return value
-    floats = _float_tensors(args)
-    partials = _partials(func, args, kwargs, value.shape)
+    nominal = _nominal((args, kwargs))
     e = torch.zeros_like(value)
     argument = torch.zeros_like(value)
-    for (i, a), d in zip(floats, partials):
+    for (_, a), d in zip(_float_tensors(args), _partials(func, args, kwargs, value.shape)):
         if d is None:
             continue
         d = d.abs()
         e = e + d * _err(a)
-        x = values_of(a)
-        argument = argument + (d * x.abs().expand(value.shape))
-    e = e + units.round_off(value)
+        argument = argument + d * values_of(a).abs().expand(value.shape)
+    e = e + units.round_off(value, nominal)
     if transcendental:
-        e = e + units.function * (EXP_ULPS * value.abs() + argument)
-    return _wrap(value, e)
+        unit = U64 if units.exact else units.function
+        e = e + unit * (EXP_ULPS * value.abs() + argument)
+    if _packet(func) is aten.mul and len(args) > 1:
+        e = e + _err(args[0]) * _err(args[1])
+    return _wrap(value, e, nominal)
 
 
 def _arithmetic(func, args, kwargs, units: Units):
-    out = _pointwise(func, args, kwargs, units, transcendental=False)
-    if _packet(func) is aten.mul and isinstance(out, Tracked):
-        ex, ey = (_err(a) for a in args[:2])
-        out = _wrap(out.value, out.err + ex * ey)
-    return out
+    return _pointwise(func, args, kwargs, units, transcendental=False)
 
 
 def _exact(func, args, kwargs, units: Units):
-    """An op whose result takes no rounding: the bound moves through its partials."""
+    """An op whose result takes no rounding (neg, abs): the bound moves through its partials."""
     value = _plain(func, args, kwargs)
     if not (isinstance(value, torch.Tensor) and value.dtype.is_floating_point):
         return value
@@ -317,7 +348,7 @@ def _exact(func, args, kwargs, units: Units):
     for (_, a), d in zip(_float_tensors(args), _partials(func, args, kwargs, value.shape)):
         if d is not None:
             e = e + d.abs() * _err(a)
-    return _wrap(value, e)
+    return _wrap(value, e, _nominal((args, kwargs)))
 
 
 def _lipschitz(func, args, kwargs, units: Units):
@@ -328,7 +359,7 @@ def _lipschitz(func, args, kwargs, units: Units):
     e = torch.zeros_like(value)
     for _, a in _float_tensors(args):
         e = torch.maximum(e, torch.as_tensor(_err(a), dtype=torch.float64, device=value.device).expand(value.shape))
-    return _wrap(value, e)
+    return _wrap(value, e, _nominal((args, kwargs)))
 
 
 def _steps(func, args, kwargs, units: Units):
@@ -337,42 +368,35 @@ def _steps(func, args, kwargs, units: Units):
     value = _plain(func, args, kwargs)
     if not (isinstance(value, torch.Tensor) and value.dtype.is_floating_point):
         return value
-    x, e = values_of(args[0]), _err(args[0])
+    x, e = values_of(args[0]), _err_tensor(args[0], values_of(args[0]))
     packet = _packet(func)
     if packet is aten.sign:
         near, height = x.abs() <= e, 2.0
     elif packet is aten.round:
-        frac = x - torch.floor(x)
-        near, height = (frac - 0.5).abs() <= e, 1.0
+        near, height = ((x - torch.floor(x)) - 0.5).abs() <= e, 1.0
     else:
         frac = x - torch.floor(x)
         near, height = torch.minimum(frac, 1 - frac) <= e, 1.0
-    return _wrap(value, torch.where(near & (torch.as_tensor(e) > 0), height, 0.0).to(torch.float64))
+    return _wrap(value, torch.where(near & (e > 0), height, 0.0), _nominal(args))
 
 
 def _to_copy(func, args, kwargs, units: Units):
-    """A cast: to float64 it moves the values; to a narrower float the reference rounds on
-    purpose (a kernel rounding the same value rounds the same), so the result may differ by
-    one step of the target where the value carries an error; to an integer, a step."""
+    """A cast. To float64 it moves the values. To another float dtype the reference rounds
+    on purpose (``.float()``, ``.to(torch.float8_e4m3fn)``): a kernel rounding the same value
+    rounds the same, and one rounding a value off by ``e`` may land one step of the target
+    away (where ``e > 0``); the value is held rounded, its nominal dtype the target. To an
+    integer: a step where the value is within its error of one."""
     value = _plain(func, args, kwargs)
     source = args[0]
+    target = kwargs.get("dtype", value.dtype if isinstance(value, torch.Tensor) else None)
     if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
         return value
-    e = _err(source)
-    if value.dtype == torch.float64:
-        return _wrap(value, e if isinstance(e, torch.Tensor) else torch.zeros_like(value))
-    from tritoncheck.tolerance import ulp
-    step = ulp(value.to(torch.float64), value.dtype) if value.dtype in (torch.float32, torch.float16,
-                                                                      torch.bfloat16) else \
-        value.to(torch.float64).abs() * unit_roundoff_of(value.dtype) * 2
-    e = torch.as_tensor(e, dtype=torch.float64, device=value.device)
-    return _wrap(value.to(torch.float64), e + torch.where(e > 0, step, 0.0))
-
-
-def unit_roundoff_of(dtype: torch.dtype) -> float:
-    """u of any float dtype, the float8 formats included (2^-(mantissa bits + 1))."""
-    return 2.0 ** -(torch.finfo(dtype).nmant + 1) if hasattr(torch.finfo(dtype), "nmant") else \
-        float(torch.finfo(dtype).eps) / 2
+    e = _err_tensor(source, value)
+    if target is None or target == torch.float64:
+        return _wrap(value, e, _nominal(args))
+    rounded = value.to(torch.float64)
+    step = ulp(rounded, target) if target.itemsize >= 2 else rounded.abs() * 2 * unit_roundoff(target)
+    return _wrap(rounded, e + torch.where(e > 0, step, 0.0), target)
 
 
 def _reduction_dims(func, args, kwargs) -> tuple[list[int] | None, bool]:
@@ -389,6 +413,10 @@ def _summed(t: torch.Tensor, dims, keepdim: bool) -> torch.Tensor:
     return aten.sum.dim_IntList(t, dims, keepdim) if dims is not None else aten.sum.default(t)
 
 
+def _accumulated(units: Units) -> float:
+    return U64 if units.exact else units.accumulate
+
+
 def _sum(func, args, kwargs, units: Units):
     """sum, mean over n terms: sum e_i + sum_error(n, u_acc) sum |x_i|, (over n), + r(z)."""
     value = _plain(func, args, kwargs)
@@ -396,22 +424,23 @@ def _sum(func, args, kwargs, units: Units):
     dims, keepdim = _reduction_dims(func, args, kwargs)
     n = max(1, x.numel() // max(1, value.numel()))
     e = _summed(_err_tensor(args[0], x), dims, keepdim) + \
-        sum_error(n, units.accumulate) * _summed(x.abs(), dims, keepdim)
+        sum_error(n, _accumulated(units)) * _summed(x.abs(), dims, keepdim)
     if _packet(func) is aten.mean:
         e = e / n
-    return _wrap(value, e.reshape(value.shape) + units.round_off(value))
+    nominal = _nominal(args)
+    return _wrap(value, e.reshape(value.shape) + units.round_off(value, nominal), nominal)
 
 
 def _cumsum(func, args, kwargs, units: Units):
     value = _plain(func, args, kwargs)
-    x, dim = args[0], args[1]
-    v = values_of(x)
-    counts = torch.arange(1, v.shape[dim] + 1, device=v.device, dtype=torch.float64)
-    shape = [1] * v.dim()
-    shape[dim] = v.shape[dim]
-    e = aten.cumsum.default(_err(x) if isinstance(x, Tracked) else torch.zeros_like(v), dim) + \
-        sum_error(counts.reshape(shape), units.accumulate) * aten.cumsum.default(v.abs(), dim)
-    return _wrap(value, e + units.round_off(value))
+    x, dim = values_of(args[0]), args[1]
+    counts = torch.arange(1, x.shape[dim] + 1, device=x.device, dtype=torch.float64)
+    shape = [1] * x.dim()
+    shape[dim] = x.shape[dim]
+    e = aten.cumsum.default(_err_tensor(args[0], x), dim) + \
+        sum_error(counts.reshape(shape), _accumulated(units)) * aten.cumsum.default(x.abs(), dim)
+    nominal = _nominal(args)
+    return _wrap(value, e + units.round_off(value, nominal), nominal)
 
 
 def _extremum(func, args, kwargs, units: Units):
@@ -423,13 +452,15 @@ def _extremum(func, args, kwargs, units: Units):
     dims, keepdim = _reduction_dims(func, args, kwargs)
     e = _err_tensor(args[0], values_of(args[0]))
     err = aten.amax.default(e, dims, keepdim) if dims is not None else e.amax()
+    nominal = _nominal(args)
     if isinstance(value, (tuple, list)):  # (values, indices)
-        return type(value)([_wrap(value[0], err), *value[1:]])
-    return _wrap(value, err.reshape(value.shape))
+        return type(value)([_wrap(value[0], err, nominal), *value[1:]])
+    return _wrap(value, err.reshape(value.shape), nominal)
 
 
 def _product(a_abs, b_abs, ea, eb, k: int, units: Units, mm) -> torch.Tensor:
-    return mm(a_abs, eb) + mm(ea, b_abs) + (units.dot + sum_error(k, units.accumulate)) * mm(a_abs, b_abs)
+    dot = U64 if units.exact else units.dot
+    return mm(a_abs, eb) + mm(ea, b_abs) + (dot + sum_error(k, _accumulated(units))) * mm(a_abs, b_abs)
 
 
 def _matmul(func, args, kwargs, units: Units):
@@ -437,18 +468,13 @@ def _matmul(func, args, kwargs, units: Units):
     value = _plain(func, args, kwargs)
     a, b = args[0], args[1]
     va, vb = values_of(a), values_of(b)
-    k = va.shape[-1]
-    e = _product(va.abs(), vb.abs(), _err_tensor(a, va), _err_tensor(b, vb), k, units, func)
-    return _wrap(value, e + units.round_off(value))
-
-
-def _err_tensor(a, v: torch.Tensor) -> torch.Tensor:
-    e = _err(a)
-    return e if isinstance(e, torch.Tensor) else torch.zeros_like(v, dtype=torch.float64)
+    e = _product(va.abs(), vb.abs(), _err_tensor(a, va), _err_tensor(b, vb), va.shape[-1], units, func)
+    nominal = _nominal(args)
+    return _wrap(value, e + units.round_off(value, nominal), nominal)
 
 
 def _addmm(func, args, kwargs, units: Units):
-    """beta bias + alpha (A @ B), (b)addbmm too: the product's bound, the bias's error, one
+    """beta bias + alpha (A @ B), baddbmm too: the product's bound, the bias's error, one
     rounding of the sum."""
     value = _plain(func, args, kwargs)
     bias, a, b = args[0], args[1], args[2]
@@ -457,7 +483,8 @@ def _addmm(func, args, kwargs, units: Units):
     mm = aten.bmm.default if _packet(func) is aten.baddbmm else aten.mm.default
     e = abs(alpha) * _product(va.abs(), vb.abs(), _err_tensor(a, va), _err_tensor(b, vb), va.shape[-1], units, mm)
     e = e + abs(beta) * torch.as_tensor(_err(bias), dtype=torch.float64, device=value.device)
-    return _wrap(value, e + units.round_off(value))
+    nominal = _nominal(args)
+    return _wrap(value, e + units.round_off(value, nominal), nominal)
 
 
 def _perturbed(func, args, kwargs, units: Units):
@@ -481,34 +508,23 @@ def _perturbed(func, args, kwargs, units: Units):
             signs = (torch.randint(0, 2, a.value.shape, generator=gen) * 2 - 1).to(a.value)
             moved = list(values)
             moved[i] = a.value + signs * a.err
-            out = func(*moved, **values_of(kwargs))
-            worst = torch.maximum(worst, _sanitise((out - value).abs()))
+            worst = torch.maximum(worst, _sanitise((func(*moved, **values_of(kwargs)) - value).abs()))
         e = e + worst
-    e = e + units.function * EXP_ULPS * value.abs() + units.round_off(value)
-    return _wrap(value, e)
+    nominal = _nominal((args, kwargs))
+    unit = U64 if units.exact else units.function
+    return _wrap(value, e + unit * EXP_ULPS * value.abs() + units.round_off(value, nominal), nominal)
 
 
 def _constant(func, args, kwargs, units: Units):
     """A tensor made from nothing tracked (zeros, full, arange, ..._like): exact."""
-    return _wrap(_plain(func, args, kwargs), 0.0)
+    return _wrap(_plain(func, args, kwargs), 0.0, None)
 
 
-def _copy_(func, args, kwargs, units: Units):
+def _copy(func, args, kwargs, units: Units):
     value = _plain(func, args, kwargs)
-    return _wrap(value, torch.as_tensor(_err(args[1]), dtype=torch.float64, device=value.device).expand(
-        value.shape).clone())
+    err = torch.as_tensor(_err(args[1]), dtype=torch.float64, device=value.device).expand(value.shape).clone()
+    return _wrap(value, err, _nominal(args[1:]) or _nominal(args[:1]))
 
-
-_MOVES = {
-    aten.clone, aten.contiguous, aten.cat, aten.stack, aten.index, aten.index_select, aten.gather, aten.flip,
-    aten.roll, aten.repeat, aten.constant_pad_nd, aten.masked_fill, aten.tril, aten.triu, aten.where,
-    aten.scatter, aten.index_put, aten.lift_fresh, aten.lift_fresh_copy, aten.alias, aten.split_with_sizes,
-    aten.unbind, aten.split, aten.fill, aten.index_fill, aten.new_empty_strided, aten.detach, aten.slice_scatter,
-    aten.select_scatter, aten.diagonal_scatter, aten.as_strided_scatter, aten.unfold, aten.embedding,
-    aten.permute, aten.expand, aten.view, aten._unsafe_view, aten.reshape, aten.t, aten.transpose,
-    aten.squeeze, aten.unsqueeze, aten.select, aten.slice, aten.narrow, aten.diagonal, aten.as_strided,
-    aten.expand_copy, aten.view_copy, aten.permute_copy,
-}
 
 def _bound_arguments(func, args, kwargs) -> dict[str, Any]:
     """An ATen call's arguments by their schema names (defaults filled in)."""
@@ -566,7 +582,16 @@ _FUNCTIONS = {
     aten.tanh, aten.sin, aten.cos, aten.tan, aten.asin, aten.acos, aten.atan, aten.sinh, aten.cosh, aten.asinh,
     aten.acosh, aten.atanh, aten.sigmoid, aten.rsqrt, aten.pow, aten.atan2, aten.lgamma, aten.digamma,
 }
-
+_MOVES = {
+    aten.clone, aten.contiguous, aten.cat, aten.stack, aten.index, aten.index_select, aten.gather, aten.flip,
+    aten.roll, aten.repeat, aten.constant_pad_nd, aten.masked_fill, aten.tril, aten.triu, aten.where,
+    aten.scatter, aten.index_put, aten.lift_fresh, aten.lift_fresh_copy, aten.alias, aten.split_with_sizes,
+    aten.unbind, aten.split, aten.fill, aten.index_fill, aten.detach, aten.slice_scatter,
+    aten.select_scatter, aten.diagonal_scatter, aten.as_strided_scatter, aten.unfold, aten.embedding,
+    aten.permute, aten.expand, aten.view, aten._unsafe_view, aten.reshape, aten.t, aten.transpose,
+    aten.squeeze, aten.unsqueeze, aten.select, aten.slice, aten.narrow, aten.diagonal, aten.as_strided,
+    aten.expand_copy, aten.view_copy, aten.permute_copy,
+}
 _RULES: dict[Any, Callable] = {}
 for _p in (aten.add, aten.sub, aten.rsub, aten.mul, aten.div, aten.true_divide, aten.reciprocal, aten.addcmul,
            aten.addcdiv, aten.lerp, aten.square, aten.sqrt):
@@ -588,41 +613,47 @@ for _p in (aten.addmm, aten.baddbmm):
     _RULES[_p] = _addmm
 for _p in (aten.zeros_like, aten.ones_like, aten.full_like, aten.empty_like, aten.zeros, aten.ones, aten.full,
            aten.arange, aten.scalar_tensor, aten.empty, aten.new_zeros, aten.new_ones, aten.new_full,
-           aten.new_empty, aten.empty_strided, aten.rand_like, aten.randn_like):
+           aten.new_empty, aten.empty_strided, aten.new_empty_strided):
     _RULES[_p] = _constant
 _RULES[aten.cumsum] = _cumsum
 _RULES[aten._to_copy] = _to_copy
-_RULES[aten.copy_] = _copy_
-_RULES[aten.copy] = _copy_
+_RULES[aten.copy_] = _copy
+_RULES[aten.copy] = _copy
 
 
 # --------------------------------------------------------------------------- evaluation
 
-def evaluate(reference: Callable, arguments: Sequence[Any], units: Units) -> tuple[Any, Evaluation]:
-    """``reference(*arguments)`` with every float tensor argument tracked from 0: its outputs
-    as :class:`Tracked` tensors, and what the evaluation met."""
-    tracked = [track(a.to(torch.float64)) if isinstance(a, torch.Tensor) and a.dtype.is_floating_point else a
-               for a in arguments]
+def _tracked(arguments: Sequence[Any], nominals: Sequence[torch.dtype | None], differentiable=()) -> list:
+    out = []
+    for i, (a, nominal) in enumerate(zip(arguments, nominals)):
+        if isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
+            out.append(track(a, nominal, requires_grad=i in differentiable))
+        else:
+            out.append(a)
+    return out
+
+
+def evaluate(reference: Callable, arguments: Sequence[Any], nominals: Sequence[torch.dtype | None], units: Units
+             ) -> tuple[Any, Evaluation]:
+    """``reference(*arguments)`` with every float tensor argument tracked from 0, read as its
+    nominal dtype: its outputs as :class:`Tracked` tensors, and what the evaluation met."""
+    tracked = _tracked(arguments, nominals)
     with tracking(units) as evaluation, torch.no_grad():
         out = reference(*tracked)
     return out, evaluation
 
 
-def evaluate_gradients(reference: Callable, arguments: Sequence[Any], differentiable: Sequence[int],
-                       outputs: Sequence[int], upstream: Sequence[torch.Tensor], units: Units
-                       ) -> tuple[list[Tracked], Evaluation]:
+def evaluate_gradients(reference: Callable, arguments: Sequence[Any], nominals: Sequence[torch.dtype | None],
+                       differentiable: Sequence[int], outputs: Sequence[int], upstream: Sequence[torch.Tensor],
+                       upstream_nominals: Sequence[torch.dtype | None], units: Units
+                       ) -> tuple[list[Tracked | None], Evaluation]:
     """The gradients of the reference's outputs ``outputs`` (positions in its result) with
-    respect to its arguments ``differentiable`` (positions), given exact upstream
-    gradients, each with its error bound."""
-    tracked = []
-    for i, a in enumerate(arguments):
-        if isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
-            tracked.append(track(a.to(torch.float64), requires_grad=i in differentiable))
-        else:
-            tracked.append(a)
+    respect to its arguments ``differentiable`` (positions), given exact upstream gradients,
+    each with its error bound."""
+    tracked = _tracked(arguments, nominals, differentiable)
     with tracking(units) as evaluation, torch.enable_grad():
         out = reference(*tracked)
         out = out if isinstance(out, (tuple, list)) else (out,)
         grads = torch.autograd.grad([out[i] for i in outputs], [tracked[i] for i in differentiable],
-                                    [track(g.to(torch.float64)) for g in upstream], allow_unused=True)
+                                    [track(g, n) for g, n in zip(upstream, upstream_nominals)], allow_unused=True)
     return list(grads), evaluation

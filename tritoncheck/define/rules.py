@@ -53,11 +53,9 @@ class Derived:
 
     def units(self, p: Precision) -> rounding.Units:
         if p.dtype == torch.float64:  # the reference's own error (tolerance.reference_precision)
-            return rounding.Units(intermediate=torch.float64, accumulate=U64, dot=U64, function=U64,
-                                  fallback=torch.float64)
-        intermediate = p.dtype if self.intermediates == "input" else torch.float32
-        return rounding.Units(intermediate=intermediate, accumulate=tolerance.unit_roundoff(self.accumulate),
-                              dot=p.dot, function=p.compute)
+            return rounding.Units(accumulate=U64, dot=U64, function=U64, exact=True)
+        return rounding.Units(accumulate=tolerance.unit_roundoff(self.accumulate), dot=p.dot, function=p.compute,
+                              least=None if self.intermediates == "input" else torch.float32)
 
 
 @dataclass(frozen=True)
@@ -106,23 +104,33 @@ def _store(y: torch.Tensor, dtype: torch.dtype, p: Precision) -> torch.Tensor:
     """One rounding of the output to its dtype, and the underflow floor there."""
     if p.dtype == torch.float64:
         return U64 * y.abs() + p.floor
-    return rounding.unit_roundoff_of(dtype) * y.abs() + underflow_floor(dtype) \
-        if dtype in (torch.float32, torch.float16, torch.bfloat16) else rounding.unit_roundoff_of(dtype) * y.abs()
+    if not dtype.is_floating_point:
+        return torch.zeros_like(y)
+    floor = underflow_floor(dtype) if dtype.itemsize >= 2 else 0.0
+    return tolerance.unit_roundoff(dtype) * y.abs() + floor
 
 
 def _as_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().to("cpu", torch.float64).numpy()
 
 
-def _arguments(case, inputs64: Mapping[str, Any]) -> list:
-    """The case's arguments as the tracked evaluation takes them, on the suite's device (the
-    GPU where there is one: the absolute-value products are matrix products too)."""
+def _arguments(case, inputs64: Mapping[str, Any], names) -> tuple[list, list]:
+    """The arguments ``names`` as the tracked evaluation takes them, on the suite's device (the
+    GPU where there is one: the absolute-value products are matrix products too), and the
+    dtype each tensor has in the case (its nominal dtype)."""
     from tritoncheck import backend
     device = backend.device()
-    return [float64_on(inputs64[a], device) if isinstance(inputs64[a], np.ndarray)
-            and np.issubdtype(inputs64[a].dtype, np.floating) else
-            (torch.as_tensor(inputs64[a], device=device) if isinstance(inputs64[a], np.ndarray) else inputs64[a])
-            for a in case.args]
+    values, nominals = [], []
+    for a in names:
+        v = inputs64[a]
+        if isinstance(v, np.ndarray) and np.issubdtype(v.dtype, np.floating):
+            values.append(float64_on(v, device))
+        elif isinstance(v, np.ndarray):
+            values.append(torch.as_tensor(v, device=device))
+        else:
+            values.append(v)
+        nominals.append(case.tensors[a].torch_dtype if a in case.tensors else None)
+    return values, nominals
 
 
 def _within_range(evaluation: rounding.Evaluation) -> None:
@@ -150,7 +158,8 @@ class Judge:
         dtype = getattr(torch, case.dtype)
         out: dict[str, np.ndarray] = {}
         if isinstance(self.rule, Derived):
-            tracked, evaluation = rounding.evaluate(self.reference, _arguments(case, inputs64), self.rule.units(p))
+            tracked, evaluation = rounding.evaluate(self.reference, *_arguments(case, inputs64, case.args),
+                                                    self.rule.units(p))
             _within_range(evaluation)
             tracked = tracked if isinstance(tracked, (tuple, list)) else (tracked,)
             for name, t in zip(self.outputs, tracked):
@@ -187,12 +196,12 @@ class Judge:
     def backward(self, case, inputs64, outputs64, grads64, p: Precision, grad_inputs, grad_outputs
                  ) -> dict[str, np.ndarray]:
         rule = self.rule if isinstance(self.rule, Derived) else Derived()
-        arguments = _arguments(case, inputs64)
+        arguments, nominals = _arguments(case, inputs64, case.args)
         positions = [case.args.index(n) for n in grad_inputs]
         outs = [self.outputs.index(n) for n in grad_outputs]
-        upstream = [float64_on(inputs64[f"d{n}"]) for n in grad_outputs]
-        grads, evaluation = rounding.evaluate_gradients(self.reference, arguments, positions, outs, upstream,
-                                                        rule.units(p))
+        upstream, upstream_nominals = _arguments(case, inputs64, [f"d{n}" for n in grad_outputs])
+        grads, evaluation = rounding.evaluate_gradients(self.reference, arguments, nominals, positions, outs,
+                                                        upstream, upstream_nominals, rule.units(p))
         _within_range(evaluation)
         allowed = {}
         for name, g in zip(grad_inputs, grads):
