@@ -46,8 +46,10 @@ from hypothesis import strategies as st
 from hypothesis.errors import UnsatisfiedAssumption
 
 from tritoncheck import backend, tolerance
+from tritoncheck.backend import BF16_DOT_ON_INTERPRETER
 from tritoncheck.bad_input import OTHER_DEVICE, BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
+from tritoncheck.declarations import BF16_DOT_UPCAST
 from tritoncheck.generic import generic_checks, precision, require_grad_fn, run, with_upstream
 from tritoncheck.generic import gradients_match_reference as _generic_gradients_match_reference
 from tritoncheck.large_problem import LargeProblem, heads
@@ -978,6 +980,8 @@ _ATTENTION_SPOILERS = (
 
 register(OpSpec(
     name="attention",
+    backend_limits=(BF16_DOT_ON_INTERPRETER,),
+    declarations=(BF16_DOT_UPCAST,),
     signature="attention(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0, "
               "dropout_p=0.0, seed=0, return_keep=False) -> (o, lse)",
     meaning="`q [B, H, Nq, D]`, `k`, `v` `[B, Hkv, Nk, D]` with `H % Hkv == 0`: query head `h` reads KV head "

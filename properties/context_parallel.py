@@ -38,7 +38,9 @@ import torch
 from hypothesis import strategies as st
 
 from tritoncheck import backend, generic, parity, rank_pool
+from tritoncheck.backend import BF16_DOT_ON_INTERPRETER
 from tritoncheck.config import CONFIG
+from tritoncheck.declarations import BF16_DOT_UPCAST
 from tritoncheck.generic import rule_name
 from tritoncheck.oracle import assert_identical
 from tritoncheck.phases import timed
@@ -342,6 +344,8 @@ def _check(name: str, run, **fixed) -> Check:
 
 register(OpSpec(
     name=OP,
+    backend_limits=(BF16_DOT_ON_INTERPRETER,),
+    declarations=(BF16_DOT_UPCAST,),
     signature="cp_attention(q_local, k_local, v_local, causal=False, sm_scale=None) -> (o_local, lse_local)",
     arguments=ARGS,
     outputs=("o_local", "lse_local"),

@@ -36,8 +36,10 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from tritoncheck import backend, generic, parity, tolerance
+from tritoncheck.backend import BF16_DOT_ON_INTERPRETER
 from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
+from tritoncheck.declarations import BF16_DOT_UPCAST, CHUNK_SIZES
 from tritoncheck.generic import generic_checks, precision, run
 from tritoncheck.large_problem import LargeProblem, heads, row_wise
 from tritoncheck.limits import NO_LIMITS, Limits
@@ -373,6 +375,8 @@ def la_tolerance(case, inputs64, expected, p):
 
 register(OpSpec(
     name="linear_attention",
+    backend_limits=(BF16_DOT_ON_INTERPRETER,),
+    declarations=(BF16_DOT_UPCAST, CHUNK_SIZES),
     signature="linear_attention(q, k, v, causal=False, eps=1e-6) -> o",
     meaning="`q`, `k` `[B, H, N, D]` (feature-mapped, non-negative), `v [B, H, N, Dv]`; bidirectional: "
             "`o_i = (q_i S) / (q_i . z + eps)` with `S = sum_j k_j v_j^T`, `z = sum_j k_j`; causal: the sums run over "

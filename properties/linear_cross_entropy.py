@@ -15,8 +15,10 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from tritoncheck import backend, shape_pool
+from tritoncheck.backend import BF16_DOT_ON_INTERPRETER
 from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
+from tritoncheck.declarations import BF16_DOT_UPCAST, CHUNK_SIZES
 from tritoncheck.generic import _backward, generic_checks, precision, run, with_upstream
 from tritoncheck.large_problem import LargeProblem, rows_past_int32
 from tritoncheck.large_problem import randn as large_randn
@@ -296,6 +298,8 @@ BAD_INPUT = BadInput(
 
 register(OpSpec(
     name="linear_cross_entropy",
+    backend_limits=(BF16_DOT_ON_INTERPRETER,),
+    declarations=(BF16_DOT_UPCAST, CHUNK_SIZES),
     signature='linear_cross_entropy(x, weight, target, ignore_index=-100, softcap=0.0, reduction="mean") -> loss',
     meaning="`x [N, H]`, `weight [V, H]`, `target [N]` int64; the logits `z = x @ weight.T` (with `softcap > 0`: "
             "`softcap * tanh(z / softcap)`) need never be stored; per row `lse(z[i]) - z[i, target[i]]`, exactly 0 "

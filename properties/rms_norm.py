@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from tritoncheck import backend
 from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
+from tritoncheck.declarations import BATCH_INVARIANT, one_of
 from tritoncheck.generic import generic_checks, gradients_match_reference, precision, run
 from tritoncheck.large_problem import LargeProblem, row_wise
 from tritoncheck.limits import NO_LIMITS, Limits
@@ -40,6 +41,12 @@ WEIGHT_SCALES = (1.0, 0.1, 10.0, 1e-3)
 FP32_MAX = float(torch.finfo(torch.float32).max)
 # Scale factors of scale_equivariant: powers of two, so c x is exact, of both signs.
 SCALES_C = (2.0, -1.0, 0.5, -4.0, 0.125, -0.25, 8.0)
+# Where an RMSNorm rounds to the input dtype: "after_weight", once, from x * rstd * weight
+# computed in fp32 (Gemma and others; the default); "before_weight", x * rstd rounded to
+# the input dtype, then multiplied by the weight in it (Llama / Hugging Face). The rules
+# read it from the precision (``p.declared_value``).
+RMS_NORM_CAST = one_of("rms_norm_cast", ("after_weight", "before_weight"),
+                       "where an RMSNorm rounds to the input dtype (default 'after_weight'; the tolerance follows it)")
 EXTRA_ROWS = 5  # rows added around a batch by batch_invariant: past the interpreter's group cap of 4
 
 
@@ -312,6 +319,7 @@ def _grad_checks() -> tuple[Check, ...]:
 
 register(OpSpec(
     name="rms_norm",
+    declarations=(RMS_NORM_CAST, BATCH_INVARIANT),
     signature="rms_norm(x, weight, eps=1e-6) -> y",
     meaning="over the last dim; `x [..., N]`, `weight` `[N]`; `y = x / sqrt(mean(x^2) + eps) * weight`; "
             "where y rounds to the input dtype is declared (`rms_norm_cast`)",
@@ -341,6 +349,7 @@ register(OpSpec(
 
 register(OpSpec(
     name="add_rms_norm",
+    declarations=(RMS_NORM_CAST, BATCH_INVARIANT),
     signature="add_rms_norm(x, residual, weight, eps=1e-6) -> (y, h)",
     meaning="`h = x + residual` in the input dtype (returned for the next residual add), "
             "`y = rms_norm(h, weight, eps)`; `x`, `residual` `[..., N]`, `weight` `[N]`",

@@ -4,7 +4,7 @@ Pieces and notation: :mod:`tritoncheck.tolerance`. Evaluated in float64 torch on
 suite's device; arguments NumPy arrays or tensors, results NumPy (the piece
 :func:`rms_norm_xhat` returns tensors).
 
-The declared cast (``p.rms_norm_cast``) decides one term of each rule, an exact rounding
+The declared cast (``p.declared_value("rms_norm_cast")``) decides one term of each rule, an exact rounding
 added outside SAFETY as the store is:
 
 * ``"after_weight"``: ``x * rstd * weight`` in fp32, rounded once to the input dtype: the
@@ -32,7 +32,8 @@ def _cast_unit(p: Precision) -> tuple[float, float]:
     """(relative, absolute) rounding of the normalised row and of the products with it
     (g = w dy, dy t): the input dtype's u and p.floor for ``"before_weight"``, else fp32's
     u and 0 (fp32's underflow is in every rule's p.floor)."""
-    return (p.store, p.floor) if p.rms_norm_cast == "before_weight" else (p.compute, 0.0)
+    return (p.store, p.floor) if p.declared_value("rms_norm_cast", "after_weight") == "before_weight" \
+        else (p.compute, 0.0)
 
 
 def input_error(h, p: Precision) -> torch.Tensor:
@@ -82,7 +83,7 @@ def rms_norm(h, weight, y, eps: float, p: Precision, input_err=None) -> np.ndarr
     eta, _, _, xhat = rms_norm_xhat(h, eps, p, input_err)
     aw, ay = float64_on(weight).abs(), float64_on(y).abs()
     bound = aw * eta + p.compute * xhat.abs() * aw
-    cast = (p.store * xhat.abs() + p.floor) * aw if p.rms_norm_cast == "before_weight" else 0.0
+    cast = (p.store * xhat.abs() + p.floor) * aw if p.declared_value("rms_norm_cast", "after_weight") == "before_weight" else 0.0
     return to_numpy(SAFETY * bound + p.store * ay + cast + p.floor)
 
 

@@ -28,8 +28,10 @@ import torch
 from hypothesis import strategies as st
 
 from tritoncheck import backend
+from tritoncheck.backend import BF16_DOT_ON_INTERPRETER
 from tritoncheck.bad_input import OTHER_DEVICE, BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers
 from tritoncheck.config import CONFIG
+from tritoncheck.declarations import BF16_DOT_UPCAST
 from tritoncheck.generic import generic_checks, precision, require_grad_fn, run
 from tritoncheck.generic import gradients_match_reference as _generic_gradients_match_reference
 from tritoncheck.large_problem import LargeProblem, packed_sequences
@@ -446,6 +448,8 @@ _checks = tuple(dataclasses.replace(c, run=gradients_match_reference) if c.name 
 
 register(OpSpec(
     name="varlen_attention",
+    backend_limits=(BF16_DOT_ON_INTERPRETER,),
+    declarations=(BF16_DOT_UPCAST,),
     signature="varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, sm_scale=None, "
               "window=(-1, -1), softcap=0.0) -> (o, lse)",
     meaning="packed variable-length attention: `q [Tq, H, D]`, `k`, `v` `[Tk, Hkv, D]` hold the tokens of B "

@@ -29,13 +29,9 @@ def impl(op="softmax", **attributes):
     ({"supports_backwards": False}, ValueError, "did you mean 'supports_backward'"),
     ({"dtype": (torch.float16,)}, ValueError, "did you mean 'dtypes'"),
     ({"fp32_dot_precision": "IEEE"}, ValueError, "'tf32', 'tf32x3', 'ieee'"),
-    ({"rms_norm_cast": "llama"}, ValueError, "'after_weight', 'before_weight'"),
-    ({"rms_norm_casts": "before_weight"}, ValueError, "did you mean 'rms_norm_cast'"),
-    ({"batch_invariant": "yes"}, TypeError, "batch_invariant must be True or False"),
-    ({"batch_invariants": True}, ValueError, "did you mean 'batch_invariant'"),
+    ({"rms_norm_cast": "before_weight"}, ValueError, "a declaration of add_rms_norm, rms_norm, not of softmax"),
     ({"supports_backward": "no"}, TypeError, "supports_backward must be True or False"),
     ({"dtypes": (torch.float64,)}, ValueError, "not dtypes of softmax"),
-    ({"chunk_sizes": (0,)}, ValueError, "chunk_sizes"),
     ({"expected_failures": {"determinstic": "atomics"}}, ValueError, "did you mean 'deterministic'"),
     ({"expected_failures": {("deterministic", "cpu"): "x"}}, ValueError, "nor backends"),
     ({"expected_failures": {"deterministic": ""}}, ValueError, "non-empty"),
@@ -52,6 +48,21 @@ def impl(op="softmax", **attributes):
 def test_bad_declarations_are_errors_that_name_the_fix(attributes, error, words):
     with pytest.raises(error, match=None) as info:
         impl(**attributes)
+    assert words in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("op, attributes, error, words", [
+    ("rms_norm", {"rms_norm_cast": "llama"}, ValueError, "'after_weight', 'before_weight'"),
+    ("rms_norm", {"rms_norm_casts": "before_weight"}, ValueError, "did you mean 'rms_norm_cast'"),
+    ("rms_norm", {"batch_invariant": "yes"}, TypeError, "batch_invariant must be True or False"),
+    ("rms_norm", {"batch_invariants": True}, ValueError, "did you mean 'batch_invariant'"),
+    ("linear_attention", {"chunk_sizes": (0,)}, ValueError, "chunk_sizes"),
+])
+def test_an_ops_own_declarations_are_validated_on_its_implementations(op, attributes, error, words):
+    """rms_norm_cast, chunk_sizes, batch_invariant: listed on their ops' records
+    (OpSpec.declarations), validated and spell-checked there, errors elsewhere."""
+    with pytest.raises(error) as info:
+        impl(op, **attributes)
     assert words in str(info.value), str(info.value)
 
 

@@ -48,40 +48,42 @@ def device() -> torch.device:
 
 @dataclass(frozen=True)
 class BackendLimit:
-    """A known limitation of a backend, turned into a skip with its reason."""
+    """A known limitation of a backend for the ops whose records list it
+    (``OpSpec.backend_limits``), turned into a skip with its reason."""
 
     backend: str
     dtype: torch.dtype
-    ops: tuple[str, ...]
     reason: str
     # An implementation that sets this attribute to True on its function declares it
     # avoids the limitation (e.g. it upcasts bf16 before tl.dot).
     waived_by: str | None = None
 
-    def applies(self, backend: str, op: str, dtype: torch.dtype, fn=None) -> bool:
+    def __post_init__(self):
+        if self.backend not in BACKENDS[1:]:
+            raise ValueError(f"BackendLimit: backend must be one of {BACKENDS[1:]}, got {self.backend!r}")
+
+    def applies(self, backend: str, dtype: torch.dtype, fn=None) -> bool:
         if self.waived_by and getattr(fn, self.waived_by, False):
             return False
         if getattr(fn, "uses_triton", True) is False:  # plain PyTorch: no interpreter involved
             return False
-        return backend == self.backend and dtype == self.dtype and op in self.ops
+        return backend == self.backend and dtype == self.dtype
 
 
-# The one table of backend limits. Facts seen on Triton 3.0 to 3.9 (design notes).
-KNOWN_LIMITS: tuple[BackendLimit, ...] = (
-    BackendLimit(
-        "interpret",
-        torch.bfloat16,
-        ("attention", "linear_attention", "cp_attention"),
-        "the Triton interpreter holds bfloat16 as 16-bit integers, so tl.dot on bf16 "
-        "operands returns garbage (triton#11584, #10919); bf16 dot kernels are checked on the GPU",
-        waived_by="bf16_dot_upcast",
-    ),
+# Facts seen on Triton 3.0 to 3.9 (design notes); the ops whose kernels meet one list it.
+BF16_DOT_ON_INTERPRETER = BackendLimit(
+    "interpret",
+    torch.bfloat16,
+    "the Triton interpreter holds bfloat16 as 16-bit integers, so tl.dot on bf16 "
+    "operands returns garbage (triton#11584, #10919); bf16 dot kernels are checked on the GPU",
+    waived_by="bf16_dot_upcast",
 )
 
 
-def limit_for(op: str, dtype: torch.dtype, fn=None, backend: str | None = None) -> BackendLimit | None:
+def limit_for(op, dtype: torch.dtype, fn=None, backend: str | None = None) -> BackendLimit | None:
+    """The first of ``op``'s record's backend limits (``OpSpec.backend_limits``) that applies."""
     backend = backend or current()
-    for limit in KNOWN_LIMITS:
-        if limit.applies(backend, op, dtype, fn):
+    for limit in op.backend_limits:
+        if limit.applies(backend, dtype, fn):
             return limit
     return None

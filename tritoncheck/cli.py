@@ -35,9 +35,11 @@ what your function may declare about itself (attributes, validated when it is lo
   fn.refuses = r"rows of \\d+ elements"    refusal messages raised on purpose (or raise tritoncheck.Refusal)
   fn.expected_failures = {...}          strict xfails scoped by check, dtype and backend
   fn.fp32_dot_precision = "ieee"        the tolerance for fp32 tl.dot ("tf32" is the CUDA default)
-  fn.rms_norm_cast = "before_weight"    an RMSNorm that rounds x * rstd before the weight (Llama/HF)
-  fn.batch_invariant = True             each row's outputs bitwise free of the other rows in the call
-  (docs/contract.md lists them all)
+  an op's own declarations (rms_norm_cast, chunk_sizes, batch_invariant, ...) are listed per op in
+  docs/contract.md ("An op's own declarations")
+
+your own op: define it with @tritoncheck.op in a module (docs/your-op.md), then
+  tritoncheck --op-module mypkg.ops mm=mypkg.kernels:mm
 
 profiles: without --profile, quick (10 examples, a small pool of shapes, no shrinking: a verdict
 on every check in about a minute), then, if every check passed, gpu (on CUDA; ci on the

@@ -138,6 +138,13 @@ def contract_markdown() -> str:
         dims = ", ".join(f"`{d}` ({t}, {a})" for d, (t, a) in op.dims.items()) or "none"
         choices = ", ".join(f"`{a}` from {list(v)}" for a, v in op.choices.items()) or "none"
         out.append(f"| `{name}` | {dims} | {choices} |")
+    out += ["", "## An op's own declarations", "",
+            "Beside the generic attributes (`tritoncheck/declarations.py` ATTRIBUTES), an implementation may set "
+            "the declarations its op's record lists (`OpSpec.declarations`); one listed by other ops only is an "
+            "error.", "", "| op | declaration | meaning |", "|---|---|---|"]
+    for name in sorted(ops):
+        for d in ops[name].declarations:
+            out.append(f"| `{name}` | `{d.name}` | {d.meaning} |")
     out += ["", "Example (a flash attention that takes head dims 64 and 128, causal only, sequences up to",
             "16384, contiguous inputs):", "", "```python",
             'flash_attention.limits = {"sizes": {"D": (64, 128)}, "values": {"causal": (True,)},',

@@ -23,24 +23,16 @@ BACKEND_NAMES = ("cuda", "interpret")
 # when declared, a failure with its traceback otherwise
 REFUSAL_TYPES = (ValueError, TypeError, NotImplementedError)
 DOT_PRECISIONS = ("tf32", "tf32x3", "ieee")
-# Where an RMSNorm rounds to the input dtype: "after_weight", once, from x * rstd * weight
-# computed in fp32 (Gemma and others; the default); "before_weight", x * rstd rounded to
-# the input dtype, then multiplied by the weight in it (Llama / Hugging Face).
-RMS_NORM_CASTS = ("after_weight", "before_weight")
 
+# What any implementation may declare. An op's own declarations (rms_norm_cast, chunk_sizes,
+# ...) live on its record (``OpSpec.declarations``, :class:`Declaration` below).
 ATTRIBUTES = {
     "dtypes": "a tuple of torch dtypes of the op (float32, float16, bfloat16); others are skipped",
     "supports_backward": "True or False; False skips the gradient checks",
     "expected_failures": "a dict of check name (or (check, dtype or backend, ...)) to reason, or a tuple of "
                          "ExpectedFailure",
     "fp32_dot_precision": f"one of {', '.join(repr(p) for p in DOT_PRECISIONS)}: the precision of fp32 tl.dot",
-    "rms_norm_cast": f"one of {', '.join(repr(c) for c in RMS_NORM_CASTS)}: where an RMSNorm rounds to the input "
-                     "dtype (default 'after_weight'; the tolerance follows it)",
-    "batch_invariant": "True or False; True: each row's outputs are bitwise the same whatever other rows are in "
-                       "the call (the batch_invariant check holds it to that)",
-    "bf16_dot_upcast": "True or False; True: bf16 is upcast before tl.dot (checked in bf16 on the interpreter)",
     "uses_triton": "True or False; False: plain PyTorch, no interpreter limits apply",
-    "chunk_sizes": "a tuple of ints >= 1: the chunk_size keyword values the kernel accepts",
     "limits": "a dict of declared limits (docs/contract.md, Declared limits)",
     "refuses": "a message pattern (regex) or a tuple of them, each a str (a ValueError, TypeError or "
                "NotImplementedError whose message it matches is a declared refusal) or an (exception type, str) "
@@ -60,6 +52,58 @@ def _bool(owner: str, name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{owner}.{name} must be True or False, got {value!r}")
     return value
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """An attribute the implementations of some ops may set (listed on their records,
+    ``OpSpec.declarations``): its name, what it means, and the values it takes
+    (``validate(value, owner)`` returns the value or raises an error naming the fix)."""
+
+    name: str
+    meaning: str
+    validate: Callable[[Any, str], Any]
+
+    def __post_init__(self):
+        if not self.name.isidentifier() or self.name in ATTRIBUTES:
+            raise ValueError(f"Declaration {self.name!r}: an identifier that is not a generic attribute "
+                             f"({', '.join(ATTRIBUTES)})")
+
+
+def flag(name: str, meaning: str) -> Declaration:
+    """A True/False declaration."""
+    return Declaration(name, f"True or False; {meaning}", lambda value, owner: _bool(owner, name, value))
+
+
+def one_of(name: str, values: tuple, meaning: str) -> Declaration:
+    text = f"one of {', '.join(repr(v) for v in values)}: {meaning}"
+
+    def validate(value, owner):
+        if value not in values:
+            raise ValueError(f"{owner}.{name} must be {text}, got {value!r}")
+        return value
+    return Declaration(name, text, validate)
+
+
+def _positive_ints(value, owner):
+    if not isinstance(value, (tuple, list)) or not value or not all(
+            isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in value):
+        raise ValueError(f"{owner}.chunk_sizes must be {CHUNK_SIZES.meaning}, got {value!r}")
+    return tuple(value)
+
+
+# Declarations several ops' records list
+CHUNK_SIZES = Declaration("chunk_sizes", "a tuple of ints >= 1: the chunk_size keyword values the kernel accepts",
+                          _positive_ints)
+BATCH_INVARIANT = flag("batch_invariant", "True: each row's outputs are bitwise the same whatever other rows are in "
+                                          "the call (the batch_invariant check holds it to that)")
+BF16_DOT_UPCAST = flag("bf16_dot_upcast", "True: bf16 is upcast before tl.dot (checked in bf16 on the interpreter)")
+
+
+def declared(op: Any, fn: Callable, owner: str) -> dict[str, Any]:
+    """The op's own declarations ``fn`` sets, validated."""
+    return {d.name: d.validate(getattr(fn, d.name), owner) for d in getattr(op, "declarations", ())
+            if hasattr(fn, d.name)}
 
 
 @dataclass(frozen=True)
@@ -167,36 +211,39 @@ def _is_typed_entry(entry: Any) -> bool:
                                                 and all(isinstance(t, type) for t in entry[0]))))
 
 
-def check_attributes(fn: Callable, owner: str) -> None:
-    """Validate every known attribute's value, and reject an attribute whose name is a
-    near miss of a known one (``supports_backwards``, ``dtype``). The cutoff 0.88 of
-    difflib's ratio catches a dropped or added letter in any of these names (ratios
-    0.9-0.97) and lets a kernel's own different attributes be (the project's
-    ``dot_precisions`` beside ``fp32_dot_precision`` scores 0.81)."""
+def check_attributes(fn: Callable, owner: str, op: Any = None, others: Mapping[str, tuple[str, ...]] | None = None
+                     ) -> None:
+    """Validate every generic attribute's value and ``op``'s own declarations
+    (:func:`declared`), and reject an attribute whose name is a near miss of a known one
+    (``supports_backwards``, ``dtype``) or a declaration of other ops only (``others``:
+    declaration name -> the ops that list it). The cutoff 0.88 of difflib's ratio catches a
+    dropped or added letter in any of these names (ratios 0.9-0.97) and lets a kernel's own
+    different attributes be (the project's ``dot_precisions`` beside
+    ``fp32_dot_precision`` scores 0.81)."""
+    own = {d.name: d.meaning for d in getattr(op, "declarations", ())}
+    known = {**ATTRIBUTES, **own}
     for name in getattr(fn, "__dict__", {}):
-        if name.startswith("_") or name in ATTRIBUTES:
+        if name.startswith("_") or name in known:
             continue
-        close = difflib.get_close_matches(name, list(ATTRIBUTES), n=1, cutoff=0.88)
+        if others and name in others:
+            raise ValueError(f"{owner}.{name} is a declaration of {', '.join(others[name])}, not of "
+                             f"{getattr(op, 'name', 'this op')}; remove it")
+        close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.88)
         if close:
             raise ValueError(f"{owner} has an attribute {name!r}, which the suite does not read; did you mean "
-                             f"{close[0]!r} ({ATTRIBUTES[close[0]]})?")
-    for name in ("supports_backward", "bf16_dot_upcast", "uses_triton", "batch_invariant"):
+                             f"{close[0]!r} ({known[close[0]]})?")
+    for name in ("supports_backward", "uses_triton"):
         if hasattr(fn, name):
             _bool(owner, name, getattr(fn, name))
     precision = getattr(fn, "fp32_dot_precision", None)
     if precision is not None and precision not in DOT_PRECISIONS:
         raise ValueError(f"{owner}.fp32_dot_precision must be {ATTRIBUTES['fp32_dot_precision']}, got {precision!r}")
-    cast = getattr(fn, "rms_norm_cast", None)
-    if cast is not None and cast not in RMS_NORM_CASTS:
-        raise ValueError(f"{owner}.rms_norm_cast must be {ATTRIBUTES['rms_norm_cast']}, got {cast!r}")
     if hasattr(fn, "autotuned"):
         from tritoncheck.autotune_configs import autotuned_kernels  # imports triton: after the backend is chosen
         autotuned_kernels(fn)
     refuses(getattr(fn, "refuses", None), owner)
-    chunks = getattr(fn, "chunk_sizes", None)
-    if chunks is not None and (not isinstance(chunks, (tuple, list)) or not chunks or not all(
-            isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in chunks)):
-        raise ValueError(f"{owner}.chunk_sizes must be {ATTRIBUTES['chunk_sizes']}, got {chunks!r}")
+    if op is not None:
+        declared(op, fn, owner)
 
 
 def returns(op: Any, declared: Any, owner: str) -> tuple[str, ...] | None:

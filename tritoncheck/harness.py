@@ -103,7 +103,7 @@ class Target:
             pytest.skip(f"{self.impl.name}'s declared limits exclude the cases this check needs: {exc}")
 
     def skip_reason(self) -> str | None:
-        limit = backend.limit_for(self.op.name, self.dtype, self.impl.fn)
+        limit = backend.limit_for(self.op, self.dtype, self.impl.fn)
         if limit is not None:
             return f"{backend.current()}: {limit.reason}"
         reason = self.impl.unsupported(self.dtype)
@@ -420,8 +420,11 @@ def failure_stem(test_id: str) -> str:
 
 def replay_record(target: Target, case: Case) -> dict:
     """What ``python -m tritoncheck.replay`` reads: the check, the implementation and the case."""
-    return {"check": target.check.name, "impl": target.impl.target, "impl_name": target.impl.name,
-            "backend": backend.current(), "case": case.to_json()}
+    record = {"check": target.check.name, "impl": target.impl.target, "impl_name": target.impl.name,
+              "backend": backend.current(), "case": case.to_json()}
+    if target.op.origin:  # a defined op (tritoncheck.op): the module a replay imports to find it
+        record["definition"] = target.op.origin
+    return record
 
 
 def save_failure(target: Target, case: Case) -> Path:
@@ -438,7 +441,7 @@ def save_failure(target: Target, case: Case) -> Path:
     torch.save(case.materialise("cpu"), folder / f"{stem}.pt")
     (folder / f"{stem}.py").write_text(_SCRIPT.format(
         id=target.id, check=target.check.name, impl=target.impl.target, op=target.op.name,
-        reference=f"{target.op.reference.__module__}:{target.op.reference.__name__}",
+        definition=target.op.origin.partition(":")[0],
         args=tuple(case.args), kwargs=dict(case.kwargs), outputs=tuple(target.op.outputs), stem=stem,
         backend=backend.current(), root=Path(__file__).resolve().parents[1], cwd=Path.cwd()))
     return path
@@ -474,8 +477,11 @@ device = "cuda" if "{backend}" == "cuda" else "cpu"
 # data only: a case shared as a CI artefact or a bug report must not run code when loaded
 inputs = {{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in torch.load(HERE / "{stem}.pt", weights_only=True).items()}}
 args = [inputs[a] for a in {args}]
-impl, reference = load("{impl}"), load("{reference}")
 from tritoncheck import registry  # noqa: E402
+
+if "{definition}":  # an op defined with tritoncheck.op: its module registers it
+    importlib.import_module("{definition}")
+impl, reference = load("{impl}"), registry.load()["{op}"].reference
 
 # called as the run called it: its signature, declared argument names, layout and returns
 under_test = registry.Implementation.of("{op}", impl)

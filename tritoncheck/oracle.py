@@ -125,7 +125,8 @@ def _check_allowance(output: str, e: torch.Tensor, allowed: torch.Tensor, fin: t
 def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.ndarray | float,
             dtype: torch.dtype | None = None, rule: str | None = None, noise: np.ndarray | float = 0.0,
             unconstrained: np.ndarray | None = None) -> Comparison:
-    """Measure ``got`` against ``expected`` (fp64) with per-element ``allowed`` error.
+    """Measure ``got`` against ``expected`` (fp64) with per-element ``allowed`` error (a NumPy
+    masked array: its masked elements are unconstrained, as ``unconstrained`` says).
 
     ``noise``: the fp64 reference's own error bound per element (the rule at
     :func:`~tritoncheck.tolerance.reference_precision`); 0 where ``expected`` is exact.
@@ -146,10 +147,17 @@ def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.nd
     g, e = float64_on(got, device), float64_on(expected, device)
     if g.shape != e.shape:
         raise AssertionError(f"output {output!r} has shape {list(g.shape)}, the reference has {list(e.shape)}")
+    if isinstance(allowed, np.ma.MaskedArray):  # a rule's elements that nothing pins down: masked
+        mask = np.ma.getmaskarray(allowed)
+        unconstrained = mask if unconstrained is None else (np.asarray(unconstrained) != 0) | mask
+        allowed = allowed.filled(0.0)
     try:
         allowed = float64_on(allowed, device).broadcast_to(e.shape)
     except RuntimeError as exc:
         raise ValueError(f"allowance for output {output!r} does not broadcast to {list(e.shape)}: {exc}") from None
+    free = None if unconstrained is None else float64_on(unconstrained, device).broadcast_to(e.shape) != 0
+    if free is not None:  # not judged: any value (an infinity too) passes there
+        allowed = torch.where(free, float(np.finfo(np.float64).max), allowed)
     fin = torch.isfinite(e)
     _check_allowance(output, e, allowed, fin, rule)
     if e.numel() == 0:
@@ -163,14 +171,15 @@ def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.nd
     big = float(torch.finfo(dtype).max) if dtype.is_floating_point else math.inf
     overflow = fin & (e.abs() > big) & (g == torch.sign(e) * math.inf)
     nonfinite_got = fin & ~torch.isfinite(g) & ~overflow
+    if free is not None:
+        nonfinite_got = nonfinite_got & ~free
     err = torch.where(fin & torch.isfinite(g), (g - e).abs(), 0.0)
     err = torch.where(nonfinite_got, math.inf, err)
     ratio = torch.where(fin & (err != 0), err / allowed, 0.0)
     scale = torch.where(fin, e.abs(), 0.0).amax()
     worst_flat = torch.where(mismatches, math.inf, ratio).flatten().argmax()
     ulps = err / tolerance.ulp(e, dtype) if dtype.is_floating_point else torch.zeros_like(err)
-    counted_mask, uncheckable_mask = _masks(e, allowed, fin, dtype, scale, _noise(output, noise, e),
-                                            None if unconstrained is None else float64_on(unconstrained, device) != 0)
+    counted_mask, uncheckable_mask = _masks(e, allowed, fin, dtype, scale, _noise(output, noise, e), free)
     counted, vacuous = counted_mask.sum(), (counted_mask & (allowed >= e.abs())).sum()
     uncheckable = uncheckable_mask.sum()
     rel_counted = torch.where(counted_mask, err / e.abs().clamp(min=math.ulp(0.0)), 0.0).amax()
@@ -209,8 +218,12 @@ def allowance_mostly_vacuous(expected: np.ndarray, allowed: np.ndarray, dtype: t
     e = float64_on(expected, device)
     fin = torch.isfinite(e)
     scale = torch.where(fin, e.abs(), 0.0).amax() if e.numel() else torch.zeros((), dtype=torch.float64)
+    free = None
+    if isinstance(allowed, np.ma.MaskedArray):  # unconstrained elements (compare's docstring)
+        free = float64_on(np.ma.getmaskarray(allowed), device).broadcast_to(e.shape) != 0
+        allowed = allowed.filled(0.0)
     counted, vacuous, _ = (int(n) for n in _vacuity(e, float64_on(allowed, device).broadcast_to(e.shape), fin, dtype,
-                                                    scale, _noise("expected", noise, e)))
+                                                    scale, _noise("expected", noise, e), free))
     return 2 * vacuous > counted > 0
 
 

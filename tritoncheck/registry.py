@@ -28,9 +28,10 @@ import torch
 from hypothesis import strategies as st
 
 from tritoncheck import declarations, refusals
+from tritoncheck.backend import BackendLimit
 from tritoncheck.bad_input import BadInput
 from tritoncheck.calling import Calling, signature_of
-from tritoncheck.declarations import ExpectedFailure
+from tritoncheck.declarations import Declaration, ExpectedFailure
 from tritoncheck.large_problem import LargeProblem
 from tritoncheck.limits import Limits
 from tritoncheck.strategies import FLOAT_DTYPES, Case
@@ -151,6 +152,11 @@ class OpSpec:
     # layouts an implementation may declare (``fn.layout``) besides the contract's: name ->
     # {tensor (argument or output): the contract's axes in the order the implementation has them}
     layouts: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
+    # what a backend is known not to run for this op's kernels (tritoncheck/backend.py): a skip
+    backend_limits: tuple[BackendLimit, ...] = ()
+    # attributes an implementation of this op may declare beyond the generic ones
+    # (tritoncheck/declarations.py: rms_norm_cast, chunk_sizes, batch_invariant, ...)
+    declarations: tuple[Declaration, ...] = ()
     # "module:qualname" of the definition of an op defined with tritoncheck.op (a replay imports
     # its module to find the op again); "" for an op the suite's properties/ register
     origin: str = ""
@@ -278,6 +284,7 @@ class Implementation:
     target: str | None = None  # "module:function", for replay commands
     limits: Limits = field(default_factory=Limits)
     calling: Calling | None = None  # None: the contract's own (every argument, positionally)
+    declared: Mapping[str, Any] = field(default_factory=dict)  # its op-specific declarations, validated
 
     def __post_init__(self):
         if not callable(self.fn):
@@ -296,7 +303,7 @@ class Implementation:
         spec = OPS[op]
         name = name or getattr(fn, "__name__", None) or getattr(fn, "name", "impl")
         owner = target or _target_of(fn) or name
-        declarations.check_attributes(fn, owner)
+        declarations.check_attributes(fn, owner, spec, _declarations_of_other_ops(op))
         calling = _calling(spec, fn, owner)
         limits = Limits.parse(spec, getattr(fn, "limits", None), owner)
         # what the signature cannot take is never drawn; the declared layout's tensors are
@@ -307,7 +314,8 @@ class Implementation:
                    supports_backward=getattr(fn, "supports_backward", True),
                    expected_failures=declarations.expected_failures(spec, getattr(fn, "expected_failures", None),
                                                                     owner),
-                   limits=limits, target=target or _target_of(fn), calling=calling)
+                   limits=limits, target=target or _target_of(fn), calling=calling,
+                   declared=declarations.declared(spec, fn, owner))
 
     @property
     def returns(self) -> tuple[str, ...]:
@@ -344,6 +352,17 @@ class Implementation:
         if self.dtypes is not None and dtype not in self.dtypes:
             return f"{self.name} declares dtypes {[str(d).replace('torch.', '') for d in self.dtypes]}"
         return None
+
+
+def _declarations_of_other_ops(op: str) -> dict[str, tuple[str, ...]]:
+    """Declaration name -> the ops that list it, for those ``op`` does not list."""
+    own = {d.name for d in OPS[op].declarations}
+    out: dict[str, list[str]] = {}
+    for name, spec in OPS.items():
+        for d in spec.declarations:
+            if d.name not in own:
+                out.setdefault(d.name, []).append(name)
+    return {k: tuple(sorted(v)) for k, v in out.items()}
 
 
 def _calling(spec: OpSpec, fn: Callable, owner: str) -> Calling:

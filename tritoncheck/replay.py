@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     from tritoncheck.strategies import Case
 
     ops = registry.load()
+    if data.get("definition"):  # an op defined with tritoncheck.op: importing its module registers it
+        from tritoncheck.define import discovery
+        discovery.import_modules([data["definition"].partition(":")[0]], "the replay file's definition")
     case = Case.from_json(data["case"])
     op = ops[case.op]
     target = args.impl or data["impl"]

@@ -135,7 +135,7 @@ def _settings(examples: int) -> settings:
 
 def runnable(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype) -> str | None:
     """Why (op, impl, check, dtype) cannot run here, or None."""
-    limit = backend.limit_for(op.name, dtype, impl.fn)
+    limit = backend.limit_for(op, dtype, impl.fn)
     if limit is not None:
         return limit.reason
     if impl.unsupported(dtype):

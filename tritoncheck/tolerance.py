@@ -19,6 +19,7 @@ the previous rule was wrong belongs in the commit message.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -84,7 +85,13 @@ class Precision:
     compute: float  # fp32 arithmetic
     dot: float  # relative error per product of a tl.dot (tf32 or fp32)
     floor: float  # absolute error allowed for results near underflow
-    rms_norm_cast: str = "after_weight"  # where an RMSNorm rounds to the input dtype (declared_cast)
+    # the implementation's op-specific declarations (OpSpec.declarations), for the rules that
+    # depend on one (an RMSNorm's rms_norm_cast): (name, value) pairs
+    declared: tuple[tuple[str, Any], ...] = ()
+
+    def declared_value(self, name: str, default: Any = None) -> Any:
+        """The value of the implementation's declaration ``name`` (``default`` when not declared)."""
+        return dict(self.declared).get(name, default)
 
     @classmethod
     def of(cls, dtype: torch.dtype, backend: str, fp32_dot_precision: str | None = None) -> "Precision":
@@ -166,14 +173,6 @@ def declared_dot(p: Precision, fp32_dot_precision: str | None) -> Precision:
     if p.backend == "cuda" and fp32_dot_precision == "tf32x3":
         return replace(p, dot=TF32X3_DOT)
     return p
-
-
-def declared_cast(p: Precision, rms_norm_cast: str | None) -> Precision:
-    """``p`` with the RMSNorm cast an implementation declares (``rms_norm_cast``, validated
-    in ``tritoncheck/declarations.py``; undeclared: ``"after_weight"``, one rounding). The
-    RMSNorm rules (``properties/rms_norm_tolerance.py``) add the rounding of the
-    normalised row to the input dtype where it is ``"before_weight"``."""
-    return replace(p, rms_norm_cast=rms_norm_cast) if rms_norm_cast is not None else p
 
 
 # A dot operand below fp32's smallest normal may be read as another value within about

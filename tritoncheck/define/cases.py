@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from tritoncheck.config import CONFIG
 from tritoncheck.define.signature import BATCH, DimExpression, Scalar, Tensor
 from tritoncheck.limits import NO_LIMITS, Limits, OutsideLimits
-from tritoncheck.strategies import Case, TensorSpec, lengths, tensors
+from tritoncheck.strategies import Case, TensorSpec, tensors
 
 if TYPE_CHECKING:
     from tritoncheck.define.op import Definition

@@ -22,7 +22,6 @@ op under its name; the suite's built-in ops use the same door for the parts they
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ import torch
 from tritoncheck.bad_input import BadInput
 from tritoncheck.define import rules
 from tritoncheck.define.cases import cases as define_cases
-from tritoncheck.define.signature import BATCH, Dim, DimExpression, Output, Scalar, Signature, Tensor
+from tritoncheck.define.signature import Dim, DimExpression, Output, Scalar, Signature, Tensor
 from tritoncheck.large_problem import LargeProblem
 from tritoncheck.limits import NO_LIMITS, Limits
 from tritoncheck.registry import OPS, Check, NotApplicable, OpSpec
@@ -260,7 +259,7 @@ def _meta_shapes(definition: Definition, arguments: tuple) -> tuple[tuple[int, .
         raise ValueError(f"{definition.name}: a NumPy reference cannot run on meta tensors; declare every output's "
                          "shape: outputs={'y': tritoncheck.Output('M', 'N')}")
     args = []
-    for name, shape, dtype in arguments:
+    for _name, shape, dtype in arguments:
         if shape is None:
             args.append(dtype)  # a scalar's value
             continue

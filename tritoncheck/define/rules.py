@@ -111,7 +111,10 @@ def _store(y: torch.Tensor, dtype: torch.dtype, p: Precision) -> torch.Tensor:
 
 
 def _as_numpy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to("cpu", torch.float64).numpy()
+    """An allowance as the oracle takes it: where the bound is infinite (nothing pins the
+    element down: rounding.py) the element is masked, reported as not checkable."""
+    a = t.detach().to("cpu", torch.float64).numpy()
+    return np.ma.masked_invalid(a) if not np.isfinite(a).all() else a
 
 
 def _arguments(case, inputs64: Mapping[str, Any], names) -> tuple[list, list]:
@@ -139,8 +142,9 @@ def _within_range(evaluation: rounding.Evaluation) -> None:
     the contract says nothing there. Discarded (``assume``), counted as such; a test that
     discards most of its examples fails for it (harness.below_min_counted), and the fix is a
     domain: ``Tensor(..., values=finite(max_magnitude=...))``."""
-    from hypothesis import assume
-    assume(not evaluation.overflow)
+    if evaluation.overflow:
+        from hypothesis.errors import UnsatisfiedAssumption
+        raise UnsatisfiedAssumption("the reference passes fp32's range on this case")
 
 
 @dataclass(frozen=True)
