@@ -1,4 +1,6 @@
-"""rope(x, cos, sin) and swiglu(gate, up): strategies, tolerance binding and properties."""
+"""rope(x, cos, sin) and swiglu(gate, up), defined through the public door (``tritoncheck.op``,
+docs/your-op.md): signatures, references, the hand-derived rules, properties; rope's cases
+hand-built, swiglu's drawn from its signature."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +12,10 @@ from hypothesis import strategies as st
 
 from tritoncheck.bad_input import BadInput, Spoiler, randn, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
-from tritoncheck.generic import UPSTREAM_FAMILIES, generic_checks, precision, run
+from tritoncheck.define.domains import finite
+from tritoncheck.define.op import op
+from tritoncheck.define.signature import Dim, Output, Tensor
+from tritoncheck.generic import precision, run
 from tritoncheck.large_problem import LargeProblem, row_wise, rows_past_int32
 from tritoncheck.large_problem import randn as large_randn
 from tritoncheck.limits import NO_LIMITS, Limits
@@ -18,8 +23,8 @@ from tritoncheck.oracle import assert_close, to_numpy
 from tritoncheck.parity import control_baseline
 from tritoncheck.properties import elementwise_tolerance as rules
 from tritoncheck.references import elementwise as ref
-from tritoncheck.registry import Check, Implementation, OpSpec, register
-from tritoncheck.strategies import Case, Layout, TensorSpec, layouts, sizes, special_values, tensors
+from tritoncheck.registry import Check, Implementation
+from tritoncheck.strategies import FLOAT_DTYPES, Case, Layout, TensorSpec, layouts, special_values, tensors
 from tritoncheck.tolerance import reference_precision
 
 # cos and sin must come from real angles, as every model builds them: the spine's
@@ -112,15 +117,22 @@ def _large_rope(s: int, d: int):
     return build
 
 
-register(OpSpec(
-    name="rope",
-    signature="rope(x, cos, sin) -> y",
+# rope through the public door (tritoncheck.op): the signature, the references and the rule
+# as the record always had them; its cases stay hand-built (``cases=rope_cases``): real angle
+# tables (cos and sin of one theta, in x's dtype or another float dtype) and the [B, S, H, D]
+# memory order seen as [B, H, S, D] half the time are couplings no value domain states.
+ROPE = op(
+    "rope",
+    inputs={"x": Tensor("B", "H", "S", "D"),
+            "cos": Tensor("S", "D//2", dtype=FLOAT_DTYPES),
+            "sin": Tensor("S", "D//2", dtype=FLOAT_DTYPES)},
+    outputs=("y",),
+    dims={"D": Dim(multiple_of=2)},
+    grads=("x",),
+    independent=("S",),
     meaning="`x [B, H, S, D]`, `D` even; `cos`, `sin` `[S, D // 2]`; interleaved pairs: "
             "`y[..., 2i] = x[..., 2i] cos[s, i] - x[..., 2i+1] sin[s, i]`, "
             "`y[..., 2i+1] = x[..., 2i] sin[s, i] + x[..., 2i+1] cos[s, i]`",
-    dims={"B": ("x", 0), "H": ("x", 1), "S": ("x", 2), "D": ("x", 3)},
-    arguments=("x", "cos", "sin"),
-    outputs=("y",),
     kernel="tritoncheck.kernels.elementwise:rope",
     controls=("tritoncheck.controls.elementwise:torch_rope",),
     baseline=control_baseline("tritoncheck.controls.elementwise:torch_rope"),
@@ -133,18 +145,12 @@ register(OpSpec(
         + (Spoiler("x", "an odd head dim", lambda a: a["x"][..., :-1]),
            Spoiler("cos", "one position more than x", lambda a: torch.cat([a["cos"], a["cos"][:1]])),
            Spoiler("sin", "a wider table than D // 2", lambda a: widen_last(a["sin"])))),
-    reference=ref.rope,
-    torch_reference=ref.rope_torch,
+    numpy_reference=ref.rope,
     cases=rope_cases,
     tolerance=rope_tolerance,
     grad_tolerance=rope_grad_tolerance,
-    grad_inputs=("x",),
-    grad_outputs=("y",),
-    output_shapes=lambda case: {"y": case.tensors["x"].shape},
-    checks=generic_checks(grad=True) + (
-        Check("pair_norms_preserved", pair_norms_preserved),
-    ),
-))
+    checks=(Check("pair_norms_preserved", pair_norms_preserved),),
+)(ref.rope_torch)
 
 # ---------------------------------------------------------------------------- swiglu
 
@@ -167,34 +173,19 @@ def _swiglu_caps(dtype: torch.dtype) -> tuple[float, float]:
     return a, big / (2 * GATE_SLOPE_MAX * a)
 
 
-@st.composite
-def swiglu_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS) -> Case:
-    """gate and up of one shape (rank 1 to 3, sizes past one program's block), each
-    in any layout; large |gate| of both signs (sigmoid saturation), tiny, near the
-    domain's limit (:func:`_swiglu_caps`). No inf or NaN (the contract does not
-    define them: silu(-inf) is NaN)."""
-    n = draw(limits.specialised("swiglu", "N", 1, CONFIG.pick(600, 2**16), blocks=SWIGLU_BLOCKS))
-    max_rows = max(1, min(CONFIG.pick(8, 4096), CONFIG.pick(2**12, 2**20) // n))
-    lead = tuple(draw(st.lists(sizes(1, max_rows), max_size=2).filter(lambda d: math.prod(d) <= max_rows)))
-    shape = lead + (n,)
-    cap, _ = _swiglu_caps(dtype)
-    specials = special_values(dtype, max_magnitude=cap) + [100.0, -100.0, 88.0, -88.0]
-    gate, up = (draw(tensors(shape, dtype, families=SWIGLU_FAMILIES, max_magnitude=cap, specials=specials))
-                for _ in range(2))
-    return Case("swiglu", str(dtype).replace("torch.", ""), ("gate", "up"), {"gate": gate, "up": up})
+def _swiglu_input_cap(dtype: torch.dtype) -> float:
+    return _swiglu_caps(dtype)[0]
 
 
-def _swiglu_with_upstream(op: OpSpec, dtype: torch.dtype) -> st.SearchStrategy[Case]:
-    """generic.with_upstream with dy inside the domain (|dy| capped, so the true
-    gradients are finite in the dtype)."""
-    _, dy_cap = _swiglu_caps(dtype)
+def _swiglu_upstream_cap(dtype: torch.dtype) -> float:
+    return _swiglu_caps(dtype)[1]
 
-    def add(case: Case) -> st.SearchStrategy[Case]:
-        dy = tensors(case.tensors["gate"].shape, dtype, families=UPSTREAM_FAMILIES, scales=(1.0, 1e-3, 1e3),
-                     max_magnitude=dy_cap)
-        return dy.map(lambda t: case.replace(tensors={"dy": t}))
 
-    return op.cases(dtype).flatmap(add)
+# gate and up: any finite value up to the domain's cap (large |gate| of both signs saturate
+# sigmoid; tiny; near the cap), plus the values where a naive exp(gate) overflows. No inf or
+# NaN (the contract does not define them: silu(-inf) is NaN).
+SWIGLU_VALUES = finite(max_magnitude=_swiglu_input_cap)
+SWIGLU_SPECIALS = (100.0, -100.0, 88.0, -88.0)
 
 
 def swiglu_tolerance(case, inputs64, expected, p):
@@ -207,18 +198,19 @@ def swiglu_grad_tolerance(case, inputs64, outputs64, grads64, p):
     return {"dgate": a_gate, "dup": a_up}
 
 
-def _swiglu_checks() -> tuple[Check, ...]:
-    return tuple(dataclasses.replace(c, cases=_swiglu_with_upstream) if c.cases is not None else c
-                 for c in generic_checks(grad=True))
-
-
-register(OpSpec(
-    name="swiglu",
-    signature="swiglu(gate, up) -> y",
+# swiglu through the public door (tritoncheck.op), its cases drawn from the signature: gate
+# and up of one shape (up to two leading dims, N past one program's block: the kernel's
+# blocks' edges are drawn), in any layout, inside the domain above; dy capped so that the
+# true gradients are finite in the dtype.
+SWIGLU = op(
+    "swiglu",
+    inputs={"gate": Tensor("...", "N", values=SWIGLU_VALUES, specials=SWIGLU_SPECIALS),
+            "up": Tensor("...", "N", values=SWIGLU_VALUES, specials=SWIGLU_SPECIALS)},
+    outputs={"y": Output(upstream=finite(max_magnitude=_swiglu_upstream_cap))},
+    dims={"N": Dim(max=(600, 2**16), blocks=SWIGLU_BLOCKS)},
+    grads=("gate", "up"),
+    independent=("N",),
     meaning="`y = gate * sigmoid(gate) * up`, elementwise, same shapes",
-    dims={"N": ("gate", -1)},
-    arguments=("gate", "up"),
-    outputs=("y",),
     kernel="tritoncheck.kernels.elementwise:swiglu",
     controls=("tritoncheck.controls.elementwise:torch_swiglu",),
     baseline=control_baseline("tritoncheck.controls.elementwise:torch_swiglu"),
@@ -228,13 +220,7 @@ register(OpSpec(
         tensor_spoilers("gate", fixed_rank=False) + tensor_spoilers("up", fixed_rank=False)
         + (Spoiler("up", "another shape than gate", lambda a: widen_last(a["up"])),
            Spoiler("up", "float16 while gate is float32", lambda a: a["up"].half()))),
-    reference=ref.swiglu,
-    torch_reference=ref.swiglu_torch,
-    cases=swiglu_cases,
+    numpy_reference=ref.swiglu,
     tolerance=swiglu_tolerance,
     grad_tolerance=swiglu_grad_tolerance,
-    grad_inputs=("gate", "up"),
-    grad_outputs=("y",),
-    output_shapes=lambda case: {"y": case.tensors["gate"].shape},
-    checks=_swiglu_checks(),
-))
+)(ref.swiglu_torch)

@@ -78,18 +78,14 @@ def _rows_independent(dim: str):
         from tritoncheck.define.op import DEFINITIONS
         definition = DEFINITIONS[case.op]
         sig = definition.signature
-        sizes = {}
-        for name, spec in sig.tensors.items():
-            for e, n in zip(spec.shape, case.tensors[name].shape):
-                if isinstance(e, DimExpression) and e.factor == e.divisor == 1:
-                    sizes[e.name] = n
+        sizes = sig.sizes({k: v.shape for k, v in case.tensors.items()})
         m = sizes[dim]
         assume(m >= 2)
         r = m // 2
         values, first = run(case, impl)
         other = {}
         for name, spec in case.tensors.items():
-            axis = _axis(sig.tensors.get(name), dim, spec.shape)
+            axis = sig.axis(name, dim, len(spec.shape))
             t = values[name]
             if axis is None:
                 other[name] = t
@@ -115,21 +111,13 @@ def _rows_independent(dim: str):
     return check
 
 
-def _axis(spec, dim: str, shape) -> int | None:
-    if spec is None:
-        return None
-    for i, e in enumerate(spec.shape):
-        if isinstance(e, DimExpression) and e.name == dim and e.factor == e.divisor == 1:
-            return i - len(spec.shape) + len(shape) if spec.shape[0] == "..." else i
-    return None
-
-
 def _output_axis(definition: "Definition", case: Case, output: str, dim: str, m: int, shape) -> int | None:
     """The axis of ``output`` that follows ``dim``: the one whose length moves with it (the
     reference on meta tensors, once more with ``dim`` one longer)."""
+    sig = definition.signature
     bigger = dataclasses.replace(case, tensors={
-        k: dataclasses.replace(s, shape=tuple(n + 1 if i == _axis(definition.signature.tensors.get(k), dim, s.shape)
-                                              else n for i, n in enumerate(s.shape)))
+        k: dataclasses.replace(s, shape=tuple(n + 1 if i == sig.axis(k, dim, len(s.shape)) else n
+                                              for i, n in enumerate(s.shape)))
         for k, s in case.tensors.items()})
     grown = definition.output_shapes(bigger)[output]
     moved = [i for i, (a, b) in enumerate(zip(shape, grown)) if a != b]

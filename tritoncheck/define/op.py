@@ -42,7 +42,7 @@ from tritoncheck.strategies import FLOAT_DTYPES, Case
 Rule = rules.Rule | Callable[..., dict[str, np.ndarray]]
 
 
-@dataclass(frozen=True, eq=False)  # eq=False: hashed by identity (a cache key), its dicts are not hashable
+@dataclass(frozen=True, eq=False, repr=False)  # eq=False: hashed by identity (a cache key)
 class Definition:
     """One op as its author defined it (see :func:`op` for every field)."""
 
@@ -64,6 +64,7 @@ class Definition:
     baseline: Callable | None = None
     bad_input: BadInput | NotApplicable | None = None
     large_problem: LargeProblem | NotApplicable | None = None
+    numpy_reference: Callable | None = None  # a NumPy twin of the reference, cross-checked by the tests
     origin: str = ""  # "module:qualname" of the reference: where a replay finds the definition
 
     def __post_init__(self):
@@ -114,6 +115,9 @@ class Definition:
     def __call__(self, *args, **kwargs):
         return self.reference(*args, **kwargs)
 
+    def __repr__(self) -> str:
+        return f"tritoncheck.op {self.name!r} ({self.origin})"
+
     # ------------------------------------------------------------------ references
 
     @property
@@ -149,7 +153,7 @@ class Definition:
             return out.to(spec.dtype).to(torch.float64)
         return (torch.round(out) if out.dtype.is_floating_point else out).to(spec.dtype)
 
-    def numpy_reference(self, *args):
+    def numpy_reference_of_torch(self, *args):
         """The reference on NumPy float64 arrays (OpSpec.reference's form)."""
         tensors = [torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a for a in args]
         with torch.no_grad():
@@ -198,7 +202,7 @@ class Definition:
             arguments=tuple(sig.inputs),
             outputs=self.outputs,
             kernel=self.kernel,
-            reference=self.numpy_reference,
+            reference=self.numpy_reference or self.numpy_reference_of_torch,
             torch_reference=None if self.numpy else self.torch_reference,
             cases=self.cases or functools.partial(_cases, self),
             tolerance=tolerance,
@@ -273,15 +277,7 @@ def _meta_shapes(definition: Definition, arguments: tuple) -> tuple[tuple[int, .
 
 
 def _sizes_from(definition: Definition, arguments: tuple) -> dict[str, int]:
-    sizes: dict[str, int] = {}
-    for name, shape, _ in arguments:
-        spec = definition.signature.inputs[name]
-        if shape is None or not isinstance(spec, Tensor):
-            continue
-        for e, n in zip(spec.shape, shape):
-            if isinstance(e, DimExpression) and e.factor == e.divisor == 1:
-                sizes[e.name] = n
-    return sizes
+    return definition.signature.sizes({name: shape for name, shape, _ in arguments if shape is not None})
 
 
 def _as_outputs(outputs) -> dict[str, Output]:
@@ -306,7 +302,8 @@ def op(name: str | None = None, *, inputs: Mapping[str, Tensor | Scalar], output
        kernel: str | None = None, controls: Sequence[str] = (), checks: Sequence[Check] = (),
        numpy: bool = False, cases: Callable | None = None, baseline: Callable | None = None,
        bad_input: BadInput | NotApplicable | None = None,
-       large_problem: LargeProblem | NotApplicable | None = None) -> Callable[[Callable], Definition]:
+       large_problem: LargeProblem | NotApplicable | None = None,
+       numpy_reference: Callable | None = None) -> Callable[[Callable], Definition]:
     """Define an op from its fp64 reference (the decorated function) and register it.
 
     ``inputs``: argument name -> :class:`Tensor` or :class:`Scalar`, in call order.
@@ -324,7 +321,12 @@ def op(name: str | None = None, *, inputs: Mapping[str, Tensor | Scalar], output
     ``checks``: properties of your own (:class:`tritoncheck.Check`), run beside the generic.
     ``numpy``: the reference takes and returns NumPy arrays (no gradients, no derived rule).
     ``cases``: a strategy ``(dtype, limits) -> SearchStrategy[Case]`` replacing the drawn
-    cases (the suite's own ops keep their hand-built ones this way)."""
+    cases (the suite's own ops keep their hand-built ones this way). ``numpy_reference``: a
+    NumPy twin of the reference (tests/test_registry.py checks that the two agree); by
+    default the reference itself serves on NumPy arrays. ``controls``, ``baseline``,
+    ``bad_input``, ``large_problem``: as on :class:`tritoncheck.OpSpec` (by default the
+    baseline is the reference run in the input dtype and the large problem follows
+    ``large``)."""
     def decorate(reference: Callable) -> Definition:
         sig = Signature(inputs=dict(inputs), outputs=_as_outputs(outputs), dims=dict(dims or {}))
         definition = Definition(
@@ -333,7 +335,7 @@ def op(name: str | None = None, *, inputs: Mapping[str, Tensor | Scalar], output
             tolerance=tolerance if tolerance is not None else rules.derived(), grad_tolerance=grad_tolerance,
             meaning=meaning, kernel=kernel, controls=tuple(controls), checks=tuple(checks), numpy=numpy,
             cases=cases, baseline=baseline, bad_input=bad_input, large_problem=large_problem,
-            origin=f"{reference.__module__}:{reference.__qualname__}")
+            numpy_reference=numpy_reference, origin=f"{reference.__module__}:{reference.__qualname__}")
         _register(definition)
         return definition
     return decorate

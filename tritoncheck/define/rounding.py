@@ -291,9 +291,33 @@ def _float_tensors(args) -> list[tuple[int, Any]]:
     return [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.dtype.is_floating_point]
 
 
-def _partials(func, args, kwargs, shape) -> list[torch.Tensor | None]:
+def _known_partials(func, args, kwargs, shape) -> list[torch.Tensor | float | None] | None:
+    """The partials of add, sub, mul and div in closed form (the common case: no autograd)."""
+    packet = _packet(func)
+    if packet not in (aten.add, aten.sub, aten.mul, aten.div) or len(args) != 2 or \
+            (packet is aten.div and kwargs.get("rounding_mode") is not None):
+        return None
+    x, y = (values_of(a) for a in args)
+    if not all(isinstance(v, torch.Tensor) or isinstance(v, (int, float)) for v in (x, y)):
+        return None
+    alpha = kwargs.get("alpha", 1)
+    if packet is aten.add:
+        parts = [1.0, float(alpha)]
+    elif packet is aten.sub:
+        parts = [1.0, -float(alpha)]
+    elif packet is aten.mul:
+        parts = [y, x]
+    else:
+        parts = [1.0 / y, -x / (y * y) if isinstance(y, torch.Tensor) or y else math.inf]
+    return [p for p, a in zip(parts, args) if isinstance(a, torch.Tensor) and a.dtype.is_floating_point]
+
+
+def _partials(func, args, kwargs, shape) -> list[torch.Tensor | float | None]:
     """df/dx_i of a pointwise op at the values, per element of the output (inputs expanded
     to its shape first, so that a broadcast input's partial is not summed)."""
+    known = _known_partials(func, args, kwargs, shape)
+    if known is not None:
+        return known
     values = list(values_of(args))
     leaves = {}
     for i, a in _float_tensors(values):
@@ -323,7 +347,7 @@ def _pointwise(func, args, kwargs, units: Units, transcendental: bool):
     for (_, a), d in zip(_float_tensors(args), _partials(func, args, kwargs, value.shape)):
         if d is None:
             continue
-        d = d.abs()
+        d = abs(d)
         e = e + d * _err(a)
         argument = argument + d * values_of(a).abs().expand(value.shape)
     e = e + units.round_off(value, nominal)
@@ -347,7 +371,7 @@ def _exact(func, args, kwargs, units: Units):
     e = torch.zeros_like(value)
     for (_, a), d in zip(_float_tensors(args), _partials(func, args, kwargs, value.shape)):
         if d is not None:
-            e = e + d.abs() * _err(a)
+            e = e + abs(d) * _err(a)
     return _wrap(value, e, _nominal((args, kwargs)))
 
 

@@ -249,6 +249,35 @@ class Signature:
     def dim(self, name: str) -> Dim:
         return self.dims.get(name, Dim())
 
+    def axis(self, tensor: str, name: str, rank: int) -> int | None:
+        """The axis of the dim ``name`` (as itself) in the input ``tensor`` of rank ``rank``,
+        batch dims counted; None where it has none."""
+        spec = self.tensors.get(tensor)
+        if spec is None:
+            return None
+        batch = rank - (len(spec.shape) - 1) if BATCH in spec.shape else 0
+        axis = 0
+        for e in spec.shape:
+            if e == BATCH:
+                axis += batch
+                continue
+            if isinstance(e, DimExpression) and e.name == name and e.factor == e.divisor == 1:
+                return axis
+            axis += 1
+        return None
+
+    def sizes(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+        """Every named dim's size, read from the input tensors' ``shapes``."""
+        out: dict[str, int] = {}
+        for tensor, shape in shapes.items():
+            if tensor not in self.tensors:
+                continue
+            for name in self.tensors[tensor].dim_names:
+                axis = self.axis(tensor, name, len(shape))
+                if axis is not None:
+                    out[name] = shape[axis]
+        return out
+
     def first_axis(self, name: str) -> tuple[str, int]:
         """(tensor, axis) where the dim ``name`` first appears as itself (for declared limits;
         an axis from the end when the tensor has batch dims)."""
