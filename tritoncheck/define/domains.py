@@ -201,15 +201,13 @@ def materialise(values: np.ndarray, stored: tuple, family: str, rng: np.random.G
             t = 0.5 + 0.5 * np.tanh(values / scale * (1e3 if family == "near_max" else 1.0))
             out = low + (high - low) * t
             if is_open:
-                tiny = float(torch.finfo(dtype).eps) * max(abs(low), abs(high), 1.0)
-                out = np.clip(out, low + tiny, high - tiny)
+                out = np.clip(out, low + _step(low, dtype), high - _step(high, dtype))
             return out
         if low is not None:
             out = low + np.abs(values)
-            if is_open:
-                out = np.where(out <= low, low + float(torch.finfo(dtype).tiny), out)
-            return out
-        return high - np.abs(values)
+            return np.maximum(out, low + _step(low, dtype)) if is_open else out
+        out = high - np.abs(values)
+        return np.minimum(out, high - _step(high, dtype)) if is_open else out
     if kind == "simplex":
         (axis,) = params
         if values.ndim == 0:
@@ -226,6 +224,13 @@ def materialise(values: np.ndarray, stored: tuple, family: str, rng: np.random.G
             return rng.choice((low, high - 1), shape).astype(np.float64)
         return rng.integers(low, high, shape).astype(np.float64)
     raise ValueError(f"unknown value domain {kind!r} in a stored case")
+
+
+def _step(bound: float, dtype: torch.dtype) -> float:
+    """At least one spacing of ``dtype`` at ``bound`` (the subnormal spacing at 0): a value
+    this far inside an open bound stays inside once rounded to the dtype."""
+    info = torch.finfo(dtype)
+    return max(2 * float(info.eps) * abs(bound), float(info.tiny) * float(info.eps))
 
 
 def describe(stored: tuple) -> str:

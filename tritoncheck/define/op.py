@@ -347,11 +347,19 @@ def _register(definition: Definition) -> None:
     an error."""
     spec = definition.spec()
     known = OPS.get(definition.name)
-    if known is not None and known.origin != spec.origin:
+    earlier = _where(DEFINITIONS.get(definition.name))
+    if known is not None and (earlier != _where(definition) if earlier else known.origin != spec.origin):
         raise ValueError(f"op {definition.name!r} is defined twice: by {known.origin or 'the suite'} and by "
                          f"{spec.origin}; give one of them another name (tritoncheck.op(name=...))")
     OPS[definition.name] = spec
     DEFINITIONS[definition.name] = definition
+
+
+def _where(definition: Definition | None) -> tuple | None:
+    """Where a definition's reference is written (file and line): the same definition
+    imported twice is written in the same place."""
+    code = getattr(getattr(definition, "reference", None), "__code__", None)
+    return None if code is None else (code.co_filename, code.co_firstlineno)
 
 
 DEFINITIONS: dict[str, Definition] = {}

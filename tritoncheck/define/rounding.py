@@ -354,8 +354,15 @@ def _pointwise(func, args, kwargs, units: Units, transcendental: bool):
     if transcendental:
         unit = U64 if units.exact else units.function
         e = e + unit * (EXP_ULPS * value.abs() + argument)
-    if _packet(func) is aten.mul and len(args) > 1:
+    packet = _packet(func)
+    if packet is aten.mul and len(args) > 1:
         e = e + _err(args[0]) * _err(args[1])
+    pole = _POLES.get(packet)
+    if pole is not None and len(args) > pole and isinstance(args[pole], Tracked):
+        # a value within its own error of the op's pole (a divisor, a log's argument near 0):
+        # the first-order bound means nothing there, nothing pins the result down
+        x = args[pole]
+        e = torch.where((x.value.abs() <= x.err).expand(value.shape), math.inf, e)
     return _wrap(value, e, nominal)
 
 
@@ -606,6 +613,9 @@ _FUNCTIONS = {
     aten.tanh, aten.sin, aten.cos, aten.tan, aten.asin, aten.acos, aten.atan, aten.sinh, aten.cosh, aten.asinh,
     aten.acosh, aten.atanh, aten.sigmoid, aten.rsqrt, aten.pow, aten.atan2, aten.lgamma, aten.digamma,
 }
+# the argument whose zero is a pole of the op
+_POLES = {aten.div: 1, aten.true_divide: 1, aten.reciprocal: 0, aten.rsqrt: 0, aten.log: 0, aten.log2: 0,
+          aten.log10: 0}
 _MOVES = {
     aten.clone, aten.contiguous, aten.cat, aten.stack, aten.index, aten.index_select, aten.gather, aten.flip,
     aten.roll, aten.repeat, aten.constant_pad_nd, aten.masked_fill, aten.tril, aten.triu, aten.where,
