@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 
 import tritoncheck as tc
 from tritoncheck import registry
-from tritoncheck.define import discovery, op as define_op, rounding
+from tritoncheck.define import discovery, rounding
+from tritoncheck.define import op as define_op
 from tritoncheck.strategies import Case
 from tritoncheck.tolerance import Precision, reference_precision
 
