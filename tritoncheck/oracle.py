@@ -71,6 +71,7 @@ class Comparison:
     # floors and the output's own rounding, so the ratio is defined and finite; None when
     # no element counted (the relative error is not defined anywhere in this output)
     max_rel_counted: float | None = None
+    rule: str | None = None  # the rule that gave the allowance (a defined op's says what it is)
 
     @property
     def ok(self) -> bool:
@@ -206,6 +207,7 @@ def compare(output: str, got: torch.Tensor, expected: np.ndarray, allowed: np.nd
         vacuous=int(vacuous),
         uncheckable=int(uncheckable),
         max_rel_counted=rel_counted if counted > 0 else None,
+        rule=rule,
     )
 
 

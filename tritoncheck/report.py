@@ -94,7 +94,7 @@ class Collector:
                 "baseline_max_abs": parity.baseline_max_abs if parity is not None else None,
                 "parity_ratio": parity.ratio if parity is not None else None,
                 "counted": c.counted, "vacuous": c.vacuous, "mostly_vacuous": c.mostly_vacuous,
-                "uncheckable": c.uncheckable,
+                "uncheckable": c.uncheckable, "rule": c.rule,
                 # the figures the tables show (docs/report-schema.md): finite wherever the output is
                 "ulp_at_scale": at_scale, "rel_counted": c.max_rel_counted, "baseline_ulp_at_scale": torch_ulps,
                 # PyTorch's error below TORCH_EXACT_ULP is no error at the output's scale: no ratio there
