@@ -39,8 +39,13 @@ ATTRIBUTES = {
     "batch_invariant": "True or False; True: each row's outputs are bitwise the same whatever other rows are in "
                        "the call (the batch_invariant check holds it to that)",
     "bf16_dot_upcast": "True or False; True: bf16 is upcast before tl.dot (checked in bf16 on the interpreter)",
+    "e5m2_dot_upcast": "True or False; True: float8_e5m2 is upcast before tl.dot under the interpreter (checked "
+                       "in e5m2 on the interpreter)",
     "uses_triton": "True or False; False: plain PyTorch, no interpreter limits apply",
     "chunk_sizes": "a tuple of ints >= 1: the chunk_size keyword values the kernel accepts",
+    "fp8_accumulation": "a dict {'fraction_bits': F, 'promote_every': L}: an fp8 tl.dot's accumulation on the "
+                        "GPU keeps F fraction bits (an int in [1, 23], truncating) and its partial sum is added "
+                        "into fp32 every L products (an int >= 1, or None: never); scaled_mm's rule follows it",
     "limits": "a dict of declared limits (docs/contract.md, Declared limits)",
     "refuses": "a message pattern (regex) or a tuple of them, each a str (a ValueError, TypeError or "
                "NotImplementedError whose message it matches is a declared refusal) or an (exception type, str) "
@@ -180,7 +185,7 @@ def check_attributes(fn: Callable, owner: str) -> None:
         if close:
             raise ValueError(f"{owner} has an attribute {name!r}, which the suite does not read; did you mean "
                              f"{close[0]!r} ({ATTRIBUTES[close[0]]})?")
-    for name in ("supports_backward", "bf16_dot_upcast", "uses_triton", "batch_invariant"):
+    for name in ("supports_backward", "bf16_dot_upcast", "e5m2_dot_upcast", "uses_triton", "batch_invariant"):
         if hasattr(fn, name):
             _bool(owner, name, getattr(fn, name))
     precision = getattr(fn, "fp32_dot_precision", None)
@@ -193,10 +198,22 @@ def check_attributes(fn: Callable, owner: str) -> None:
         from tritoncheck.autotune_configs import autotuned_kernels  # imports triton: after the backend is chosen
         autotuned_kernels(fn)
     refuses(getattr(fn, "refuses", None), owner)
+    _fp8_accumulation(getattr(fn, "fp8_accumulation", None), owner)
     chunks = getattr(fn, "chunk_sizes", None)
     if chunks is not None and (not isinstance(chunks, (tuple, list)) or not chunks or not all(
             isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in chunks)):
         raise ValueError(f"{owner}.chunk_sizes must be {ATTRIBUTES['chunk_sizes']}, got {chunks!r}")
+
+
+def _fp8_accumulation(declared: Any, owner: str) -> None:
+    if declared is None:
+        return
+    bits, every = (declared.get("fraction_bits"), declared.get("promote_every")) if isinstance(declared, Mapping) \
+        else (None, None)
+    if (not isinstance(declared, Mapping) or set(declared) != {"fraction_bits", "promote_every"}
+            or not isinstance(bits, int) or isinstance(bits, bool) or not 1 <= bits <= 23
+            or not (every is None or (isinstance(every, int) and not isinstance(every, bool) and every >= 1))):
+        raise ValueError(f"{owner}.fp8_accumulation must be {ATTRIBUTES['fp8_accumulation']}, got {declared!r}")
 
 
 def returns(op: Any, declared: Any, owner: str) -> tuple[str, ...] | None:

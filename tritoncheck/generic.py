@@ -25,9 +25,10 @@ UPSTREAM_FAMILIES = ("normal", "outlier", "constant")
 
 
 def precision(impl: Implementation, case: Case) -> Precision:
-    dtype = getattr(torch, case.dtype)
+    dtype = OPS[case.op].result_dtype(case)
     declared = getattr(impl.fn, "fp32_dot_precision", None)
     p = tolerance.declared_dot(Precision.of(dtype, backend.current(), declared), declared)
+    p = tolerance.declared_fp8_accumulation(p, getattr(impl.fn, "fp8_accumulation", None))
     return tolerance.declared_cast(p, getattr(impl.fn, "rms_norm_cast", None))
 
 
@@ -47,9 +48,8 @@ def run(case: Case, impl: Implementation, values: Mapping[str, Any] | None = Non
 
 
 def _check_output_types(op: OpSpec, case: Case, outs: Mapping[str, torch.Tensor]) -> None:
-    dtype = getattr(torch, case.dtype)
     for name, t in outs.items():
-        want = op.output_dtypes.get(name, dtype)
+        want = op.dtype_of(name, case)
         if t.dtype != want:
             raise AssertionError(f"{op.name} output {name!r} has dtype {t.dtype}, the contract says {want}")
 
@@ -90,12 +90,12 @@ def assert_matches_reference(op: OpSpec, case: Case, impl: Implementation, input
         allowed = op.tolerance(case, inputs64, expected, p)
         noise = op.tolerance(case, inputs64, expected, tolerance.reference_precision(p))
     with timed("torch baseline"):
-        baseline = parity.baseline_errors(op.name, getattr(torch, case.dtype), case, inputs, outs, expected)
+        baseline = parity.baseline_errors(op.name, op.result_dtype(case), case, inputs, outs, expected)
     with timed("compare"):
         for name in outs:
             parity.assert_close(name, outs[name], expected[name], allowed[name], baseline[name],
-                                dtype=op.output_dtypes.get(name, getattr(torch, case.dtype)),
-                                computed_in=getattr(torch, case.dtype), rule=rule_name(op.tolerance),
+                                dtype=op.dtype_of(name, case), computed_in=op.result_dtype(case),
+                                rule=rule_name(op.tolerance),
                                 noise=noise[name])
 
 
