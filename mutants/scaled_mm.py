@@ -155,10 +155,10 @@ _calls = [0]
 def split_k_by_turns(a, b, a_scale, b_scale, bias=None, out_dtype=torch.bfloat16):
     _calls[0] += 1
     k = a.shape[1]
-    half = (k // 2) // _k.SCALE_BLOCK * _k.SCALE_BLOCK
+    half = _k.SCALE_BLOCK if k > _k.SCALE_BLOCK else 0  # the first scale block, then the rest
     if _calls[0] % 2 or half == 0:
         return _k.scaled_mm(a, b, a_scale, b_scale, bias, out_dtype)
-    # two halves at a scale-block boundary, each in fp32, summed: right, but rounded otherwise
+    # two parts at a scale-block boundary, each in fp32, summed: right, but rounded otherwise
     cut_a = a_scale[:, : half // _k.SCALE_BLOCK] if a_scale.shape[1] > 1 else a_scale
     rest_a = a_scale[:, half // _k.SCALE_BLOCK:] if a_scale.shape[1] > 1 else a_scale
     cut_b = b_scale[: half // _k.SCALE_BLOCK] if b_scale.shape[0] > 1 else b_scale
@@ -171,7 +171,7 @@ def split_k_by_turns(a, b, a_scale, b_scale, bias=None, out_dtype=torch.bfloat16
 
 split_k_by_turns = _wrapper(
     split_k_by_turns,
-    bug="Every other call splits K in two at a scale-block boundary and adds the halves (a split-K "
+    bug="Every other call splits K in two at a scale-block boundary and adds the parts (a split-K "
         "configuration an autotuner or a heuristic picks by turns): each result is within the rule, but two "
-        "calls on the same inputs differ in their last bits. Trigger: K past 256. Killed by deterministic.",
+        "calls on the same inputs differ in their last bits. Trigger: K past 128. Killed by deterministic.",
     kills=("deterministic",))

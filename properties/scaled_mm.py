@@ -36,7 +36,9 @@ from tritoncheck.strategies import Case, TensorSpec, dtype_from_name, layouts, t
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ARGS = ("a", "b", "a_scale", "b_scale", "bias", "out_dtype")
 A_SCALINGS = ("tensor", "row", "block")  # a_scale [1, 1], [M, 1], [M, ceil(K / 128)]
-B_SCALINGS = ("tensor", "column", "block")  # b_scale [1, 1], [1, N], [ceil(K / 128), ceil(N / 128)]
+# b_scale [1, 1], [1, N], [ceil(K / 128), ceil(N / 128)], [ceil(K / 128), N] (128 x 1: a column in each K
+# block, torchao's and DeepGEMM's for a weight gradient)
+B_SCALINGS = ("tensor", "column", "block", "block_column")
 VALUE_FAMILIES = ("normal", "wide", "near_max", "tiny", "outlier", "constant")
 INT_FAMILIES = ("normal", "wide", "near_max", "outlier", "constant")  # no subnormals in int8
 # the operands' scales per format: about 1; near the format's smallest values; near its largest
@@ -106,7 +108,8 @@ def scaled_mm_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS, k_rang
     excess = max(0, math.ceil(ea + eb - room))
     ea, eb = ea - excess // 2, eb - (excess - excess // 2)
     a_shape = {"tensor": (1, 1), "row": (m, 1), "block": (m, blocks(k))}[draw(st.sampled_from(A_SCALINGS))]
-    b_shape = {"tensor": (1, 1), "column": (1, n), "block": (blocks(k), blocks(n))}[draw(st.sampled_from(B_SCALINGS))]
+    b_shape = {"tensor": (1, 1), "column": (1, n), "block": (blocks(k), blocks(n)),
+               "block_column": (blocks(k), n)}[draw(st.sampled_from(B_SCALINGS))]
     specs = {"a": a, "b": b, "a_scale": _scale_spec(a_shape, 2.0**ea, draw),
              "b_scale": _scale_spec(b_shape, 2.0**eb, draw)}
     params = {"bias": None, "out_dtype": out_dtype}
@@ -373,8 +376,8 @@ register(OpSpec(
     signature="scaled_mm(a, b, a_scale, b_scale, bias=None, out_dtype=torch.bfloat16) -> c",
     meaning="`a [M, K]`, `b [K, N]` in one format (the dtype: `float8_e4m3fn`, `float8_e5m2` or `int8`), finite; "
             "float32 scales > 0: `a_scale` `[1, 1]` (per tensor), `[M, 1]` (per row) or `[M, ceil(K/128)]` (per "
-            "1 x 128 block along K), `b_scale` `[1, 1]`, `[1, N]` (per column) or `[ceil(K/128), ceil(N/128)]` (per "
-            "128 x 128 block), any combination, a short last block having a scale of its own; `c = (a * a_scale) @ "
+            "1 x 128 block along K), `b_scale` `[1, 1]`, `[1, N]` (per column), `[ceil(K/128), ceil(N/128)]` (per "
+            "128 x 128 block) or `[ceil(K/128), N]` (per 128 x 1 block), any combination, a short last block having a scale of its own; `c = (a * a_scale) @ "
             "(b * b_scale) + bias` (`bias [N]` in `out_dtype`, optional) in `out_dtype` (bfloat16, float16 or "
             "float32), the products exact and summed in fp32 (or an fp8 tensor core's accumulation as the "
             "implementation declares it: `fp8_accumulation`). Declared layout `nk`: `b` as `[N, K]` and `b_scale` as "

@@ -8,7 +8,7 @@ Math (``a [M, K]``, ``b [K, N]`` in one format, float32 scales; the scale layout
 ``references/quantisation.py``'s)::
 
     A = a * a_scale      a_scale [1 or M, 1 or ceil(K / 128)]       (per tensor, row, 1 x 128 block)
-    B = b * b_scale      b_scale [1 or ceil(K / 128), 1 or N or ceil(N / 128)]   (per tensor, column, 128 x 128 block)
+    B = b * b_scale      b_scale [1 or ceil(K / 128), 1 or N or ceil(N / 128)]   (per tensor, column, 128 x 128 or 128 x 1 block)
     c = A @ B (+ bias)   exactly, in fp64; ``out_dtype`` is the implementation's rounding, not the reference's
 
 Every product of two fp8 or int8 values and every float32 scale is exact in fp64, and a
