@@ -38,7 +38,8 @@ from torchao.kernel import blockwise_quantization as _inference
 from torchao.prototype.blockwise_fp8_training import kernels as _training
 from triton.runtime.autotuner import Autotuner
 
-__all__ = ["blockwise_fp8_gemm", "fp8_gemm_1x128_128x128", "fp8_gemm_1x128_128x1"]
+__all__ = ["blockwise_fp8_gemm", "fp8_gemm_1x128_128x128", "fp8_gemm_1x128_128x1", "fp8_gemm_1x128_128x128_k_blocks",
+           "fp8_gemm_1x128_128x1_k_blocks"]
 
 BLOCK = 128
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -59,7 +60,14 @@ def expand_into(scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 
 
 def _column_major(t: torch.Tensor) -> torch.Tensor:
-    return t.t().contiguous().t()
+    """A copy with strides (1, rows): torchao asserts ``stride(-2) == 1``, also for an axis of
+    size 1, whose stride ``.contiguous()`` leaves as it was (finding 3)."""
+    return torch.empty_strided(t.shape, (1, max(t.shape[0], 1)), dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _row_major(t: torch.Tensor) -> torch.Tensor:
+    """A copy with strides (cols, 1) (``stride(-1) == 1`` asserted; likewise for an axis of size 1)."""
+    return torch.empty_strided(t.shape, (max(t.shape[1], 1), 1), dtype=t.dtype, device=t.device).copy_(t)
 
 
 def blockwise_fp8_gemm(a, b, a_scale, b_scale):
@@ -76,7 +84,7 @@ def fp8_gemm_1x128_128x128(a, b, a_scale, b_scale, out_dtype=torch.bfloat16):
     if b_scale.shape[1] == n and n > 1 and n != _blocks(n):
         raise ValueError(PER_COLUMN)
     return _training.triton_fp8_gemm_1x128_128x128(
-        a.contiguous(), _column_major(b), _column_major(expand_into(a_scale, a.shape[0], _blocks(k))),
+        _row_major(a), _column_major(b), _column_major(expand_into(a_scale, a.shape[0], _blocks(k))),
         _column_major(expand_into(b_scale, _blocks(k), _blocks(n))), BLOCK, out_dtype)
 
 
@@ -85,8 +93,21 @@ def fp8_gemm_1x128_128x1(a, b, a_scale, b_scale, out_dtype=torch.bfloat16):
     if b_scale.shape[1] == _blocks(n) and n != _blocks(n):  # a 128 x 128 block scale: one per column of it
         b_scale = b_scale.repeat_interleave(BLOCK, dim=1)[:, :n]
     return _training.triton_fp8_gemm_1x128_128x1(
-        a.contiguous(), _column_major(b), _column_major(expand_into(a_scale, a.shape[0], _blocks(k))),
-        expand_into(b_scale, _blocks(k), n), BLOCK, out_dtype)
+        _row_major(a), _column_major(b), _column_major(expand_into(a_scale, a.shape[0], _blocks(k))),
+        _row_major(expand_into(b_scale, _blocks(k), n)), BLOCK, out_dtype)
+
+
+# The runs that look past finding 1 (K not a multiple of 128 read past K): the same kernels
+# under a declared limit, K a multiple of 128 (what torchao's own quantisers assert).
+K_BLOCKS = tuple(range(BLOCK, 8192 + 1, BLOCK))
+
+
+def fp8_gemm_1x128_128x128_k_blocks(a, b, a_scale, b_scale, out_dtype=torch.bfloat16):
+    return fp8_gemm_1x128_128x128(a, b, a_scale, b_scale, out_dtype)
+
+
+def fp8_gemm_1x128_128x1_k_blocks(a, b, a_scale, b_scale, out_dtype=torch.bfloat16):
+    return fp8_gemm_1x128_128x1(a, b, a_scale, b_scale, out_dtype)
 
 
 def _autotuner_in_closure(fn) -> tuple[Autotuner, ...]:
@@ -98,7 +119,8 @@ def _autotuner_in_closure(fn) -> tuple[Autotuner, ...]:
     return tuple(c.cell_contents for c in cells if isinstance(c.cell_contents, Autotuner))
 
 
-for _fn in (blockwise_fp8_gemm, fp8_gemm_1x128_128x128, fp8_gemm_1x128_128x1):
+for _fn in (blockwise_fp8_gemm, fp8_gemm_1x128_128x128, fp8_gemm_1x128_128x1, fp8_gemm_1x128_128x128_k_blocks,
+            fp8_gemm_1x128_128x1_k_blocks):
     _fn.dtypes = FP8
     _fn.supports_backward = False
     _fn.fp8_accumulation = ACCUMULATION
@@ -108,5 +130,9 @@ blockwise_fp8_gemm.layout = "nk"
 blockwise_fp8_gemm.limits = {"contiguous": True}
 if _autotuner_in_closure(blockwise_fp8_gemm):
     blockwise_fp8_gemm.autotuned = _autotuner_in_closure(blockwise_fp8_gemm)
-fp8_gemm_1x128_128x128.autotuned = (_training.triton_fp8_gemm_1x128_128x128_kernel,)
-fp8_gemm_1x128_128x1.autotuned = (_training.triton_fp8_gemm_1x128_128x1_kernel,)
+for _fn in (fp8_gemm_1x128_128x128, fp8_gemm_1x128_128x128_k_blocks):
+    _fn.autotuned = (_training.triton_fp8_gemm_1x128_128x128_kernel,)
+for _fn in (fp8_gemm_1x128_128x1, fp8_gemm_1x128_128x1_k_blocks):
+    _fn.autotuned = (_training.triton_fp8_gemm_1x128_128x1_kernel,)
+for _fn in (fp8_gemm_1x128_128x128_k_blocks, fp8_gemm_1x128_128x1_k_blocks):
+    _fn.limits = {"sizes": {"K": K_BLOCKS}}
