@@ -88,8 +88,8 @@ def _scale_spec(shape, level: float, draw) -> TensorSpec:
 @st.composite
 def scaled_mm_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS, k_range: tuple[int, int] | None = None,
                     min_m: int = 1, min_n: int = 1) -> Case:
-    """a [M, K] and b [K, N] of the format ``dtype`` in any layouts, each scale in one of
-    its three layouts (any combination), an optional bias and an out_dtype. ``k_range``
+    """a [M, K] and b [K, N] of the format ``dtype`` in any layouts, each scale in any of
+    its layouts (A_SCALINGS, B_SCALINGS; any combination), an optional bias and an out_dtype. ``k_range``
     replaces K's range (a check that needs short sums); ``min_m``, ``min_n``: checks that
     compare rows or columns."""
     fmt = dtype

@@ -23,9 +23,9 @@ step() {  # step NAME SECONDS COMMAND...: one step, its log in $LOGS/NAME.log, i
         | tee -a "$LOGS/run.log"
 }
 log "device: $(python3 -c 'import torch, triton; print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)')"
-step kernel 45 python3 -m pytest tests/test_scaled_mm_kernel.py -n 8 -q -p no:randomly --tb=short
-step suite 100 python3 -m pytest tests/test_checks.py --op scaled_mm -n "$WORKERS" --hypothesis-profile gpu \
-    --max-examples "${EXAMPLES:-25}" -q -rfs --tb=short -p no:randomly --report-dir "$LOGS/report"
+step kernel 50 python3 -m pytest tests/test_scaled_mm_kernel.py -n 8 -q -p no:randomly --tb=short
+step suite 90 python3 -m pytest tests/test_checks.py --op scaled_mm -n "$WORKERS" --hypothesis-profile gpu \
+    --max-examples "${EXAMPLES:-20}" -q -rfs --tb=short -p no:randomly --report-dir "$LOGS/report"
 step selfcheck 100 python3 -m pytest tests/test_selfcheck.py -k scaled_mm -n "$WORKERS" -q -rfsx --tb=short -p no:randomly
-step large 50 python3 -m pytest tests/test_large_index.py -m large -k scaled_mm -q -rs --tb=short -p no:randomly
+step large 55 python3 -m pytest tests/test_large_index.py -m large -k scaled_mm -q -rs --tb=short -p no:randomly
 tar czf "$OUT/scaled_mm.tgz" -C "$OUT" scaled_mm && log "packed $OUT/scaled_mm.tgz"
