@@ -328,7 +328,7 @@ def _family_values(rng: np.random.Generator, shape: tuple[int, ...], family: str
         if family == "pow2_scales":
             v = np.exp2(np.round(np.log2(v)))
     else:
-        raise ValueError(f"unknown value family {family!r}; known: {', '.join(FAMILIES)}")
+        raise ValueError(f"unknown value family {family!r}; known: {', '.join(FAMILIES + OTHER_FAMILIES)}")
     v = np.asarray(v, dtype=np.float64)  # a 0-dim draw (a scalar loss's upstream gradient) is a float
     return np.clip(v, -cap, cap, where=np.isfinite(v), out=v)
 
