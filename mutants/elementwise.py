@@ -6,7 +6,8 @@ from tritoncheck.mutation import mutant
 
 __all__ = [
     "half_split_pairs", "sin_sign_flipped", "backward_same_rotation", "last_row_block_unwritten",
-    "sigmoid_overflow", "dup_missing_sigmoid", "gradients_into_saved_inputs",
+    "sigmoid_overflow", "dup_missing_sigmoid", "gradients_into_saved_inputs", "x_strides_assumed_contiguous",
+    "gate_strides_assumed_contiguous",
 ]
 
 # ---------------------------------------------------------------------------- rope
@@ -69,6 +70,21 @@ last_row_block_unwritten = mutant(
     kills=("matches_reference", "gradients_match_reference"),
 )
 
+x_strides_assumed_contiguous = mutant(
+    "rope",
+    _kernel,
+    [("x.stride(0), x.stride(1), x.stride(2), x.stride(3),", "h * s * d, s * d, d, 1,")],
+    name="x_strides_assumed_contiguous",
+    bug=(
+        "The wrapper passes x's strides as if x were contiguous [B, H, S, D] (computed from "
+        "the shape, not read from the tensor). Right for a contiguous x; a transposed view "
+        "([B, S, H, D] memory seen as [B, H, S, D], as attention code passes), a sliced or "
+        "offset x is read at the wrong addresses (its gaps hold NaN). Forward and backward "
+        "(dy takes the same path). Triggered by any non-contiguous x."
+    ),
+    kills=("matches_reference", "layout_invariant"),
+)
+
 # ---------------------------------------------------------------------------- swiglu
 
 sigmoid_overflow = mutant(
@@ -99,6 +115,19 @@ dup_missing_sigmoid = mutant(
         "any gate != 0 when gradients are checked."
     ),
     kills=("gradients_match_reference",),
+)
+
+gate_strides_assumed_contiguous = mutant(
+    "swiglu",
+    _kernel,
+    [("g2, u2, y,\n                g2.stride(0), g2.stride(1),", "g2, u2, y,\n                n, 1,")],
+    name="gate_strides_assumed_contiguous",
+    bug=(
+        "The forward launch passes gate's row and column strides as (N, 1), as if the [M, N] "
+        "view of gate were contiguous. Right for a contiguous gate; a transposed, sliced or "
+        "offset gate is read at the wrong addresses. Triggered by any non-contiguous gate."
+    ),
+    kills=("matches_reference", "layout_invariant"),
 )
 
 gradients_into_saved_inputs = mutant(

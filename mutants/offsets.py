@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from tritoncheck.kernels import linear_cross_entropy as _lce_kernel
 from tritoncheck.kernels import losses as _kernel
+from tritoncheck.kernels import scaled_mm as _scaled_mm_kernel
 from tritoncheck.mutation import mutant
 
-__all__ = ["row_offset_int32", "linear_cross_entropy_rows_int32"]
+__all__ = ["row_offset_int32", "linear_cross_entropy_rows_int32", "scaled_mm_rows_int32"]
 
 row_offset_int32 = mutant(
     "cross_entropy",
@@ -39,6 +40,21 @@ linear_cross_entropy_rows_int32 = mutant(
         "without the cast to int64), so x's offset row * stride wraps once N * H passes "
         "2**31 - 1: the loss of every row past it is computed from another row's x. Triggered "
         "only by x past 2**31 elements."
+    ),
+    kills=("large_index",),
+)
+
+scaled_mm_rows_int32 = mutant(
+    "scaled_mm",
+    _scaled_mm_kernel,
+    [("    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)\n",
+      "    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)\n")],
+    name="scaled_mm_rows_int32",
+    bug=(
+        "The GEMM keeps its row indices in int32 (program_id without the cast to int64), so a's offset "
+        "row * stride and c's row * N wrap once M * K or M * N passes 2**31 - 1 (a 16k-token prefill against "
+        "a 128k-vocabulary head): rows past it read another row of a and write over another row of c. "
+        "Triggered only by a or c past 2**31 elements."
     ),
     kills=("large_index",),
 )

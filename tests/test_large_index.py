@@ -58,12 +58,19 @@ def test_every_op_builds_every_argument_past_int32(op):
     attention's dropout_p was copied into a side table and forgotten)."""
     spec = registry.OPS[op]
     assert spec.large_problem is not None, f"{op}'s record declares no large_problem"
-    values = values_of(op, torch.bfloat16, torch.device("meta"))
+    values = values_of(op, _dtype_of(spec), torch.device("meta"))
     assert set(spec.arguments) <= set(values), f"{op}: no value for {sorted(set(spec.arguments) - set(values))}"
     # the largest tensor passes 2**31: a sliced one, or one passed whole to every slice (a
     # paged KV cache, read through the sliced block tables)
     largest = max(v.numel() for v in values.values() if isinstance(v, torch.Tensor))
     assert largest > 2**31, f"{op}: the largest argument, {largest} elements, does not pass 2**31"
+
+
+def _dtype_of(spec, impl=None) -> torch.dtype | None:
+    """The dtype the check runs an op in: the first of DTYPE_PREFERENCE, else of the op's own
+    (scaled_mm's are its input formats), that the implementation takes."""
+    return next((d for d in (*DTYPE_PREFERENCE, *spec.dtypes)
+                 if d in spec.dtypes and (impl is None or not impl.unsupported(d))), None)
 
 
 def _targets():
@@ -76,7 +83,7 @@ def _targets():
                 reason=f"{op}: {registry.OPS[op].large_problem.reason}")))
             continue
         for impl in impls:
-            dtype = next((d for d in DTYPE_PREFERENCE if not impl.unsupported(d)), None)
+            dtype = _dtype_of(registry.OPS[op], impl)
             if dtype is not None:
                 out.append(pytest.param(op, impl, dtype, id=f"{op}-{impl.name}-{str(dtype)[6:]}"))
     return out
@@ -96,28 +103,33 @@ def test_past_int32_offsets_match_the_reference(op, impl, dtype):
 
 
 @pytest.mark.parametrize("op, mutant", [("cross_entropy", "row_offset_int32"),
-                                         ("linear_cross_entropy", "linear_cross_entropy_rows_int32")])
+                                         ("linear_cross_entropy", "linear_cross_entropy_rows_int32"),
+                                         ("scaled_mm", "scaled_mm_rows_int32")])
 def test_an_int32_row_offset_is_caught(op, mutant):
     """tritoncheck.mutants.offsets' int32 row offsets (cross-entropy's row * stride; fused linear
     cross-entropy's row indices) fail it, in a spawned child: wild reads may break the CUDA context."""
-    reason = _why_not(op, torch.bfloat16)
+    dtype = _dtype_of(registry.OPS[op])
+    reason = _why_not(op, dtype)
     if reason:
         pytest.skip(reason)
     from tritoncheck.selfcheck import isolated
     with _one_at_a_time():
-        verdict = isolated(verdict_of, f"tritoncheck.mutants.offsets:{mutant}", op, "bfloat16")
+        verdict = isolated(verdict_of, f"tritoncheck.mutants.offsets:{mutant}", op, str(dtype).replace("torch.", ""))
     assert verdict.failed, f"the int32 row-offset mutant {mutant} passed the large-index check"
     print(verdict.text[:2000])
 
 
-@pytest.mark.parametrize("op", ["swiglu", "layer_norm", "dropout_residual_layer_norm", "paged_decode_attention"])
+@pytest.mark.parametrize("op", ["swiglu", "layer_norm", "dropout_residual_layer_norm", "paged_decode_attention",
+                                "scaled_mm"])
 def test_the_slicing_and_comparison_work_at_a_small_size(op, monkeypatch):
     """The machinery of the check, on every backend: a few thousand elements instead of
     2**31, the project's kernel, slices compared with their fp64 reference."""
     import tritoncheck.large_problem as large
     monkeypatch.setattr(large, "PAST_INT32", 3000)
-    kernel = registry.Implementation.of(op, registry.resolve(registry.OPS[op].kernel), kind="kernel")
-    assert check(op, kernel, torch.float16, backend.device()) >= 1
+    spec = registry.OPS[op]
+    kernel = registry.Implementation.of(op, registry.resolve(spec.kernel), kind="kernel")
+    dtype = torch.float16 if torch.float16 in spec.dtypes else spec.dtypes[0]
+    assert check(op, kernel, dtype, backend.device()) >= 1
 
 
 def test_a_scalar_the_signature_does_not_take_is_left_out(monkeypatch):

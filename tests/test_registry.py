@@ -80,7 +80,7 @@ def test_numpy_and_torch_references_agree(name):
     op = OPS[name]
 
     @settings(max_examples=10, deadline=None, derandomize=True, database=None)
-    @given(case=op.cases(torch.float32))
+    @given(case=op.cases(op.dtypes[0]))
     def agree(case: Case):
         if name == "dropout_residual_layer_norm":  # its reference exists at p = 0 only (else the mask is the kernel's)
             case = case.replace(p=0.0)

@@ -32,6 +32,9 @@ ATTRIBUTES = {
     "expected_failures": "a dict of check name (or (check, dtype or backend, ...)) to reason, or a tuple of "
                          "ExpectedFailure",
     "fp32_dot_precision": f"one of {', '.join(repr(p) for p in DOT_PRECISIONS)}: the precision of fp32 tl.dot",
+    "fp8_accumulation": "a dict {'fraction_bits': F, 'promote_every': L}: an fp8 tl.dot's accumulation on the "
+                        "GPU keeps F fraction bits (an int in [1, 23], truncating) and its partial sum is added "
+                        "into fp32 every L products (an int >= 1, or None: never); the fp8 ops' rules follow it",
     "uses_triton": "True or False; False: plain PyTorch, no interpreter limits apply",
     "limits": "a dict of declared limits (docs/contract.md, Declared limits)",
     "refuses": "a message pattern (regex) or a tuple of them, each a str (a ValueError, TypeError or "
@@ -98,6 +101,8 @@ CHUNK_SIZES = Declaration("chunk_sizes", "a tuple of ints >= 1: the chunk_size k
 BATCH_INVARIANT = flag("batch_invariant", "True: each row's outputs are bitwise the same whatever other rows are in "
                                           "the call (the batch_invariant check holds it to that)")
 BF16_DOT_UPCAST = flag("bf16_dot_upcast", "True: bf16 is upcast before tl.dot (checked in bf16 on the interpreter)")
+E5M2_DOT_UPCAST = flag("e5m2_dot_upcast", "True: float8_e5m2 is upcast before tl.dot under the interpreter (checked "
+                                          "in e5m2 on the interpreter)")
 
 
 def declared(op: Any, fn: Callable, owner: str) -> dict[str, Any]:
@@ -242,8 +247,20 @@ def check_attributes(fn: Callable, owner: str, op: Any = None, others: Mapping[s
         from tritoncheck.autotune_configs import autotuned_kernels  # imports triton: after the backend is chosen
         autotuned_kernels(fn)
     refuses(getattr(fn, "refuses", None), owner)
+    _fp8_accumulation(getattr(fn, "fp8_accumulation", None), owner)
     if op is not None:
         declared(op, fn, owner)
+
+
+def _fp8_accumulation(declared: Any, owner: str) -> None:
+    if declared is None:
+        return
+    bits, every = (declared.get("fraction_bits"), declared.get("promote_every")) if isinstance(declared, Mapping) \
+        else (None, None)
+    if (not isinstance(declared, Mapping) or set(declared) != {"fraction_bits", "promote_every"}
+            or not isinstance(bits, int) or isinstance(bits, bool) or not 1 <= bits <= 23
+            or not (every is None or (isinstance(every, int) and not isinstance(every, bool) and every >= 1))):
+        raise ValueError(f"{owner}.fp8_accumulation must be {ATTRIBUTES['fp8_accumulation']}, got {declared!r}")
 
 
 def returns(op: Any, declared: Any, owner: str) -> tuple[str, ...] | None:

@@ -25,9 +25,11 @@ UPSTREAM_FAMILIES = ("normal", "outlier", "constant")
 
 
 def precision(impl: Implementation, case: Case) -> Precision:
-    dtype = getattr(torch, case.dtype)
+    spec = OPS.get(case.op)  # a rank process of a distributed op may not have loaded the registry
+    dtype = spec.result_dtype(case) if spec is not None else getattr(torch, case.dtype)
     declared = getattr(impl.fn, "fp32_dot_precision", None)
     p = tolerance.declared_dot(Precision.of(dtype, backend.current(), declared), declared)
+    p = tolerance.declared_fp8_accumulation(p, getattr(impl.fn, "fp8_accumulation", None))
     return dataclasses.replace(p, declared=tuple(sorted(impl.declared.items()))) if impl.declared else p
 
 
@@ -50,9 +52,8 @@ def run(case: Case, impl: Implementation, values: Mapping[str, Any] | None = Non
 
 
 def _check_output_types(op: OpSpec, case: Case, outs: Mapping[str, torch.Tensor]) -> None:
-    dtype = getattr(torch, case.dtype)
     for name, t in outs.items():
-        want = op.output_dtypes.get(name, dtype)
+        want = op.dtype_of(name, case)
         if t.dtype != want:
             raise AssertionError(f"{op.name} output {name!r} has dtype {t.dtype}, the contract says {want}")
 
@@ -93,12 +94,12 @@ def assert_matches_reference(op: OpSpec, case: Case, impl: Implementation, input
         allowed = op.tolerance(case, inputs64, expected, p)
         noise = op.tolerance(case, inputs64, expected, tolerance.reference_precision(p))
     with timed("torch baseline"):
-        baseline = parity.baseline_errors(op.name, getattr(torch, case.dtype), case, inputs, outs, expected)
+        baseline = parity.baseline_errors(op.name, op.result_dtype(case), case, inputs, outs, expected)
     with timed("compare"):
         for name in outs:
             parity.assert_close(name, outs[name], expected[name], allowed[name], baseline[name],
-                                dtype=op.output_dtypes.get(name, getattr(torch, case.dtype)),
-                                computed_in=getattr(torch, case.dtype), rule=rule_name(op.tolerance),
+                                dtype=op.dtype_of(name, case), computed_in=op.result_dtype(case),
+                                rule=rule_name(op.tolerance),
                                 noise=noise[name])
 
 

@@ -139,7 +139,7 @@ def check(op: str, impl: Implementation, dtype: torch.dtype, device: torch.devic
     expected, inputs64 = spec.expected(case, sub)
     allowed = spec.tolerance(case, inputs64, expected, generic.precision(impl, case))
     for name in spec.outputs:
-        got, out_dtype = cut(name, outs[name].detach()), spec.output_dtypes.get(name, dtype)
+        got, out_dtype = cut(name, outs[name].detach()), spec.dtype_of(name, case)
         if not out_dtype.is_floating_point:  # a mask: exactly the reference's
             wrong = int((got.cpu().numpy() != expected[name]).sum())
             if wrong:

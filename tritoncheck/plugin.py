@@ -329,9 +329,11 @@ def _configure_run(config, profile: str) -> None:
     CONFIG.ops = tuple(config.getoption("--op")) or None
     CONFIG.refusals = config.getoption("--refusals")
     CONFIG.dtypes = tuple(dtype_from_name(d) for d in config.getoption("--dtype")) or None
+    known = [*FLOAT_DTYPES, *(d for spec in registry.load().values() for d in spec.dtypes if d not in FLOAT_DTYPES)]
     for name, dtype in zip(config.getoption("--dtype"), CONFIG.dtypes or ()):
-        if dtype not in FLOAT_DTYPES:
-            raise ValueError(f"--dtype {name}: the contract's dtypes are float32, float16 and bfloat16")
+        if dtype not in known:
+            raise ValueError(f"--dtype {name}: the contract's dtypes are "
+                             f"{', '.join(str(d).replace('torch.', '') for d in dict.fromkeys(known))}")
     unknown = set(CONFIG.ops or ()) - set(registry.load())
     if unknown:
         raise ValueError(f"--op {', '.join(sorted(unknown))}: unknown; known ops: {', '.join(sorted(registry.OPS))}")

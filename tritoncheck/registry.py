@@ -140,6 +140,9 @@ class OpSpec:
     grad_tolerance: Callable[..., dict[str, np.ndarray]] | None = None
     output_shapes: Callable[[Case], dict[str, tuple[int, ...]]] | None = None  # for upstream gradients
     output_dtypes: Mapping[str, torch.dtype] = field(default_factory=dict)  # outputs not in the input dtype
+    # the other outputs' dtype, read from the case, for an op whose dtype axis is not its outputs'
+    # dtype (scaled_mm's is its input format; its output is in the case's out_dtype)
+    result_dtype_of: Callable[[Case], torch.dtype] | None = None
     meaning: str = ""
     scalars: tuple[str, ...] = ()
     dims: Mapping[str, tuple[str, int]] = field(default_factory=dict)
@@ -232,6 +235,15 @@ class OpSpec:
         params = inspect.signature(self.reference).parameters
         return {a: params[a].default for a in self.arguments
                 if a in params and params[a].default is not inspect.Parameter.empty}
+
+    def result_dtype(self, case: Case) -> torch.dtype:
+        """The dtype the outputs are computed for (rounded into) in ``case``: the case's dtype, or
+        what ``result_dtype_of`` reads from it."""
+        return self.result_dtype_of(case) if self.result_dtype_of is not None else getattr(torch, case.dtype)
+
+    def dtype_of(self, output: str, case: Case) -> torch.dtype:
+        """The contract's dtype of ``output`` in ``case``."""
+        return self.output_dtypes.get(output) or self.result_dtype(case)
 
     @property
     def tensor_arguments(self) -> tuple[str, ...]:

@@ -37,6 +37,13 @@ FAMILIES = (
     "neg_inf_tail",  # normal, each row -inf from a random column on (a padding mask)
 )
 SCALES = (1.0, 1e-3, 1e-1, 10.0, 1e3)
+# Families outside FAMILIES, drawn only by the ops that name them (quantised GEMM inputs):
+OTHER_FAMILIES = (
+    "wide",  # random signs, magnitudes log-uniform over the dtype's whole range, its subnormals included
+    "scales",  # positive: `scale` * 2^-u, u uniform in [0, SCALE_SPREAD) (full fp32 mantissas)
+    "pow2_scales",  # the same rounded to powers of two (a scale that dequantises exactly)
+)
+SCALE_SPREAD = 8.0  # octaves below `scale` a family of scales spans (blocks whose amax differs)
 GARBAGE = float("nan")  # fills the gaps of strided layouts: any read of a gap shows (ints: their min)
 
 
@@ -279,7 +286,7 @@ def layouts(draw, rank: int, *, allow_permute: bool = True, allow_step: bool = T
 # ---------------------------------------------------------------------------- tensors
 
 def finite_max(dtype: torch.dtype) -> float:
-    return float(torch.finfo(dtype).max)
+    return float(torch.finfo(dtype).max if dtype.is_floating_point else torch.iinfo(dtype).max)
 
 
 def _family_values(rng: np.random.Generator, shape: tuple[int, ...], family: str, scale: float,
@@ -313,8 +320,15 @@ def _family_values(rng: np.random.Generator, shape: tuple[int, ...], family: str
         v = np.cos(theta) if family == "cos_of_angles" else np.sin(theta)
     elif family == "indices":
         v = rng.integers(0, int(scale), shape).astype(np.float64)
+    elif family == "wide":
+        lowest = float(torch.finfo(dtype).tiny) * float(torch.finfo(dtype).eps) if dtype.is_floating_point else 1.0
+        v = np.exp2(rng.uniform(np.log2(lowest), np.log2(cap), shape)) * rng.choice((-1.0, 1.0), shape)
+    elif family in ("scales", "pow2_scales"):
+        v = scale * np.exp2(-rng.uniform(0.0, SCALE_SPREAD, shape))
+        if family == "pow2_scales":
+            v = np.exp2(np.round(np.log2(v)))
     else:
-        raise ValueError(f"unknown value family {family!r}; known: {', '.join(FAMILIES)}")
+        raise ValueError(f"unknown value family {family!r}; known: {', '.join(FAMILIES + OTHER_FAMILIES)}")
     v = np.asarray(v, dtype=np.float64)  # a 0-dim draw (a scalar loss's upstream gradient) is a float
     return np.clip(v, -cap, cap, where=np.isfinite(v), out=v)
 
@@ -364,8 +378,10 @@ class TensorSpec:
             values = domains.materialise(draw, self.domain, self.family, rng, dtype)
         elif dtype.is_floating_point:
             values = _family_values(rng, self.shape, self.family, self.scale, dtype, self.max_magnitude)
-        else:
+        elif self.family == "indices":
             values = rng.integers(0, int(self.scale), self.shape)
+        else:  # an integer format's values (int8 GEMM operands): the family's, rounded, inside the dtype's range
+            values = np.rint(_family_values(rng, self.shape, self.family, self.scale, dtype, self.max_magnitude))
         t = torch.from_numpy(values).to(dtype)
         flat = t.view(-1)
         for index, value in self.injections:
@@ -374,7 +390,7 @@ class TensorSpec:
         return (self.layout or Layout(tuple(range(len(self.shape))))).apply(t)
 
     def describe(self) -> str:
-        scale = f" scale={self.scale:g}" if self.family not in ("near_max", "tiny", "indices") else ""
+        scale = f" scale={self.scale:g}" if self.family not in ("near_max", "tiny", "wide", "indices") else ""
         if self.family == "indices":
             scale = f" in [0, {int(self.scale)})"
         if self.domain:
@@ -413,6 +429,21 @@ def _json_float(v: float):
     return v if math.isfinite(v) else repr(v)  # 'inf', '-inf', 'nan' parse back with float()
 
 
+def _json_param(v):
+    """A scalar argument as JSON: a float (non-finite ones by name), a torch dtype as its name."""
+    if isinstance(v, float):
+        return _json_float(v)
+    return str(v) if isinstance(v, torch.dtype) else v
+
+
+def _param_from_json(v):
+    if v in _NON_FINITE:
+        return float(v)
+    if isinstance(v, str) and v.startswith("torch.") and isinstance(getattr(torch, v[6:], None), torch.dtype):
+        return getattr(torch, v[6:])
+    return v
+
+
 def special_values(dtype: torch.dtype, *, allow_nan: bool = False, allow_inf: bool = False,
                    allow_neg_inf: bool = False, allow_subnormal: bool = True,
                    max_magnitude: float | None = None) -> list[float]:
@@ -445,12 +476,12 @@ def tensors(draw, shape: tuple[int, ...], dtype: torch.dtype, *,
     ``near_max`` and clipping for ops whose fp32 intermediates would overflow on
     legitimate inputs of the dtype's full range.
     """
-    bad = [f for f in families if f not in FAMILIES]
+    bad = [f for f in families if f not in FAMILIES + OTHER_FAMILIES]
     if bad:
-        raise ValueError(f"tensors: unknown families {bad}; known: {', '.join(FAMILIES)}")
+        raise ValueError(f"tensors: unknown families {bad}; known: {', '.join(FAMILIES + OTHER_FAMILIES)}")
     family = draw(st.sampled_from(tuple(families)))
     scale = draw(st.sampled_from(tuple(scales)))  # always drawn, so shrinking prefers the first family
-    if family in ("near_max", "tiny"):
+    if family in ("near_max", "tiny", "wide"):
         scale = 1.0
     seed = draw(st.integers(0, 2**32 - 1))
     lay = draw(layouts(len(shape), keep_last=keep_last)) if layout and shape else None  # 0-dim: one layout
@@ -512,12 +543,12 @@ class Case:
     def to_json(self) -> dict:
         return {"op": self.op, "dtype": self.dtype, "args": list(self.args),
                 "tensors": {k: v.to_json() for k, v in self.tensors.items()},
-                "params": {k: _json_float(v) if isinstance(v, float) else v for k, v in self.params.items()},
+                "params": {k: _json_param(v) for k, v in self.params.items()},
                 "kwargs": dict(self.kwargs)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Case":
-        params = {k: float(v) if v in _NON_FINITE else v for k, v in d.get("params", {}).items()}
+        params = {k: _param_from_json(v) for k, v in d.get("params", {}).items()}
         return cls(op=d["op"], dtype=d["dtype"], args=tuple(d["args"]),
                    tensors={k: TensorSpec.from_json(v) for k, v in d["tensors"].items()},
                    params=params, kwargs=dict(d.get("kwargs", {})))

@@ -88,6 +88,9 @@ class Precision:
     # the implementation's op-specific declarations (OpSpec.declarations), for the rules that
     # depend on one (an RMSNorm's rms_norm_cast): (name, value) pairs
     declared: tuple[tuple[str, Any], ...] = ()
+    # an fp8 tl.dot's reduced-precision accumulation on the GPU, (fraction bits, products between
+    # promotions to fp32 or None for never): declared_fp8_accumulation; None: fp32 accumulation
+    fp8_accumulation: tuple[int, int | None] | None = None
 
     def declared_value(self, name: str, default: Any = None) -> Any:
         """The value of the implementation's declaration ``name`` (``default`` when not declared)."""
@@ -124,7 +127,8 @@ def reference_precision(p: Precision) -> Precision:
     (GPU flush allowances, ``DOT_READ_FLOOR``) stay, a bound for every fp64 order too.
     """
     info = torch.finfo(torch.float64)
-    return replace(p, dtype=torch.float64, store=U64, compute=U64, dot=U64, floor=float(info.tiny) * float(info.eps))
+    return replace(p, dtype=torch.float64, store=U64, compute=U64, dot=U64, floor=float(info.tiny) * float(info.eps),
+                   fp8_accumulation=None)
 
 
 def ulp(values, dtype: torch.dtype):
@@ -173,6 +177,17 @@ def declared_dot(p: Precision, fp32_dot_precision: str | None) -> Precision:
     if p.backend == "cuda" and fp32_dot_precision == "tf32x3":
         return replace(p, dot=TF32X3_DOT)
     return p
+
+
+def declared_fp8_accumulation(p: Precision, declared: dict | None) -> Precision:
+    """``p`` with the fp8 accumulation a kernel declares (``fp8_accumulation``, validated in
+    ``tritoncheck/declarations.py``) on CUDA, where the tensor core's fp8 MMA keeps fewer bits
+    than fp32 (DeepSeek-V3 reports about 14 on the H800; Triton's tl.dot on sm_90 accumulates
+    a whole K loop that way unless told ``max_num_imprecise_acc``). The interpreter computes
+    fp8 dots in fp32: ``p`` unchanged. ``properties/scaled_mm_tolerance.py`` charges it."""
+    if p.backend != "cuda" or not declared:
+        return p
+    return replace(p, fp8_accumulation=(declared["fraction_bits"], declared["promote_every"]))
 
 
 # A dot operand below fp32's smallest normal may be read as another value within about
