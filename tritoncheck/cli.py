@@ -156,7 +156,7 @@ def default_workers(backend: str = "auto") -> int:
 
 
 def report_parser() -> argparse.ArgumentParser:
-    from tritoncheck import report_diff
+    from tritoncheck.report import diff as report_diff
     p = argparse.ArgumentParser(prog="tritoncheck report", description="Read, compare and join report.json files.")
     sub = p.add_subparsers(dest="action", required=True)
     s = sub.add_parser("summary", help="print a report's summary (Markdown: a CI step summary takes it)")
@@ -179,7 +179,9 @@ def report_parser() -> argparse.ArgumentParser:
 def report_command(argv: list[str]) -> int:
     """``tritoncheck report ...``: 0 done (diff: nothing worse), 1 diff found something worse,
     2 a usage error or a file that is not a report."""
-    from tritoncheck import report_diff, report_shards, report_summary
+    from tritoncheck.report import diff as report_diff
+    from tritoncheck.report import shards as report_shards
+    from tritoncheck.report import summary as report_summary
     ns = report_parser().parse_args(argv)
     try:
         if ns.action == "summary":

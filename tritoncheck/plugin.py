@@ -189,9 +189,9 @@ def pytest_cmdline_main(config):
             raise pytest.UsageError(f"--hypothesis-profile {profile!r}: unknown; the suite's profiles are "
                                     f"{', '.join(PROFILES)}") from None
     if config.getoption("--shard"):
-        from tritoncheck import report_shards
+        from tritoncheck.report import shards
         try:
-            report_shards.parse(config.getoption("--shard"))
+            shards.parse(config.getoption("--shard"))
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
     n = config.getoption("--max-examples")
@@ -379,7 +379,8 @@ class Session:
     """One active run: what it counted, skipped and killed, and the hooks that read it."""
 
     def __init__(self, config, profile: str, chosen_backend: str):
-        from tritoncheck import harness, report
+        from tritoncheck import harness
+        from tritoncheck.report import collect
         self.config = config
         self.profile = profile
         self.backend = chosen_backend
@@ -392,15 +393,15 @@ class Session:
         self.unrunnable: dict[str, str] = {}  # verdict line -> its text, once per implementation and error
         self.verdicts: dict[str, str] = {}  # check id -> passed, failed, skipped, xfailed, xpassed, error
         self.crashes: dict[str, str] = {}  # check id -> what xdist and tritoncheck said of its crashed worker
-        from tritoncheck import report_shards
-        self.shard = report_shards.parse(config.getoption("--shard")) if config.getoption("--shard") else None
+        from tritoncheck.report import shards
+        self.shard = shards.parse(config.getoption("--shard")) if config.getoption("--shard") else None
         # A wild or misaligned access on the GPU leaves the process's CUDA context broken
         # for good: every later CUDA call in it fails with the same error, so every later
         # test in this process (or xdist worker) would fail too and blame itself.
         self.cuda_broken_by: str | None = None
-        harness.set_collector(report.Collector())
+        harness.set_collector(collect.Collector())
         if self.worker is None:
-            report.clear_parts(CONFIG.report_dir)
+            collect.clear_parts(CONFIG.report_dir)
         else:
             # Each xdist worker's fp64 references would otherwise start one thread per core:
             # 14 workers on 16 cores ran 14 x 16 threads and spent the GPU run waiting on them.
@@ -421,7 +422,7 @@ class Session:
         keep = [i for i in items if not self.user_implementations()
                 or i.get_closest_marker(CHECK) or i.get_closest_marker(IMPL)]
         if self.shard is not None:
-            from tritoncheck.report_shards import shard_of
+            from tritoncheck.report.shards import shard_of
             keep = [i for i in keep if shard_of(i.nodeid, self.shard[1]) == self.shard[0]]
         if len(keep) < len(items):
             config.hook.pytest_deselected(items=[i for i in items if i not in keep])
@@ -531,10 +532,10 @@ class Session:
                 "shapes": CONFIG.shapes, "shape_classes": CONFIG.shape_classes,
                 "autotune_config": CONFIG.autotune_config,
                 "shard": "{}/{}".format(*self.shard) if self.shard else None}
-        from tritoncheck import report_files
+        from tritoncheck.report import files
         self.report = report.build(CONFIG.report_dir, self.skipped, meta, limits=self._declared_limits(),
                                    verdicts=self.verdicts, crashes=self.crashes)
-        report_files.write(CONFIG.report_dir, self.report)
+        files.write(CONFIG.report_dir, self.report)
         if self.user_implementations() and self.counted == 0 and exitstatus in (0, 5):
             # Every check of the user's implementation was skipped: nothing was verified.
             self.nothing_checked = True
@@ -548,7 +549,7 @@ class Session:
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
         if self.report is None:
             return
-        from tritoncheck import report
+        from tritoncheck.report import markdown as report
         tr, data = terminalreporter, self.report
         self._unrunnable_section(tr, self.unrunnable)
         refused = report.refusal_lines(data)
@@ -562,7 +563,7 @@ class Session:
                 tr.write_line(line)
         if not data["outputs"] and not self.skipped and not data["statistical"]["tests"] and not data["crashes"]:
             return
-        from tritoncheck.report_summary import summary_text
+        from tritoncheck.report.summary import summary_text
         if summary_text(data):
             tr.section("tritoncheck summary")
             tr.write_line(summary_text(data))

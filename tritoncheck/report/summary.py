@@ -7,7 +7,7 @@ never reached. The terminal prints these lines; report.md opens with them, and
 ``python -m tritoncheck report summary`` writes them for a CI step summary.
 
 Every figure shown is finite: errors are in ulps at the output's scale (per tensor,
-``tritoncheck.report.ulps_at_scale``), relative errors only over the elements where they
+``tritoncheck.report.collect.ulps_at_scale``), relative errors only over the elements where they
 are defined (``Comparison.max_rel_counted``), PyTorch's ratio only where PyTorch's own
 error is nonzero. What a figure alone would mislead on (an error far above the output's
 rounding, an output that was never wrong because it was never exercised) gets a note

@@ -12,9 +12,10 @@ import html
 import json
 import math
 
-from tritoncheck import report as rp
 from tritoncheck.coverage import largest_line
-from tritoncheck.report_summary import COLUMNS, summary_cells
+from tritoncheck.report import markdown as rp
+from tritoncheck.report.assemble import ROUNDING_NOTE
+from tritoncheck.report.summary import COLUMNS, summary_cells
 
 
 def _table(head, rows) -> str:
@@ -67,16 +68,16 @@ def page(report: dict) -> str:
                [(test, str(t.get("examples", 0)), largest_line(t), ", ".join(t.get("layouts", [])),
                  ", ".join(t.get("dtypes", [])), ", ".join(t.get("families", [])))
                 for test, t in (report.get("coverage_per_test") or {}).items()]),
-        f"<h2>Vacuous elements</h2><p>{esc(rp._vacuity_line(report))}</p>",
-        "<h2>Examples run (Hypothesis)</h2><div>" + esc(rp._examples_line(report)).replace("`", "")
+        f"<h2>Vacuous elements</h2><p>{esc(rp.vacuity_line(report))}</p>",
+        "<h2>Examples run (Hypothesis)</h2><div>" + esc(rp.examples_line(report)).replace("`", "")
         + (f"<pre>{esc(rp.discard_table(report))}</pre>" if rp.discard_rows(report) else "")
         + "".join(f"<p>limits of <code>{esc(k)}</code>: {esc(v)}</p>" for k, v in sorted(report.get("limits", {}).items()))
         + f"<p>False alarms: {esc(rp.statistical_line(report) or 'no statistical check ran')}; "
-        f"{esc((report.get('statistical') or {}).get('rounding', rp.ROUNDING_NOTE))}.</p></div>",
+        f"{esc((report.get('statistical') or {}).get('rounding', ROUNDING_NOTE))}.</p></div>",
         "<h2>Compile and autotune time (first example vs the median of the others)</h2>",
         _table(("test", "examples", "first (s)", "median of the others (s)", "total (s)"),
-               [(t, str(v["examples"]), f"{v['first_s']:.2f}", rp._fmt(v["median_rest_s"], ".3f"), f"{v['total_s']:.1f}")
-                for t, v in rp._slowest_first_examples(report)]),
+               [(t, str(v["examples"]), f"{v['first_s']:.2f}", rp.fmt(v["median_rest_s"], ".3f"), f"{v['total_s']:.1f}")
+                for t, v in rp.slowest_first_examples(report)]),
         "<h2>Skipped and expected failures</h2><ul>" + "".join(
             f"<li><code>{esc(s['test'])}</code> {esc(s['outcome'])}: {esc(s['reason'])}</li>" for s in report["skipped"])
         + "</ul>",
