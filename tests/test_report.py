@@ -85,6 +85,29 @@ def test_reports_follow_the_schema(tmp_path):
     assert "| softmax | padded_lanes_zero | float32 | y |" in (tmp_path / "report.md").read_text()
     html = (tmp_path / "report.html").read_text()
     assert "headroom against elements" in html and "padded_lanes_zero" in html
+    assert "<p>interpret backend on None, profile None;" in html and '{"backend"' not in html  # words, not a dict
+
+
+def test_two_implementations_of_one_function_name_get_their_own_ids_rows_and_replay_files(tmp_path, monkeypatch):
+    """--impl softmax=lib_a:softmax softmax=lib_b:softmax: pytest numbered the ids
+    (matches_reference0/1) and the report merged their rows; each is named by its path now."""
+    import torch
+    for lib in ("lib_a", "lib_b"):
+        (tmp_path / f"{lib}.py").write_text("import torch\ndef softmax(x, temperature=1.0):\n"
+                                            "    return torch.softmax(x / temperature, -1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_user_impls", {})
+    registry.register_implementation("softmax", "lib_a:softmax")
+    registry.register_implementation("softmax", "lib_b:softmax")
+    registry.register_implementation("softmax", "lib_a:softmax")  # named twice: checked once
+    impls = registry.user_implementations()["softmax"]
+    assert [i.name for i in impls] == ["lib_a.softmax", "lib_b.softmax"]
+    check = registry.OPS["softmax"].checks[0]
+    ids = {harness.Target(registry.OPS["softmax"], i, torch.float32, check).id for i in impls}
+    assert ids == {f"softmax-lib_a.softmax-float32-{check.name}", f"softmax-lib_b.softmax-float32-{check.name}"}
+    assert len({harness.failure_stem(i) for i in ids}) == 2
+    with pytest.raises(ValueError, match="that name is already lib_a:softmax's"):
+        registry.register_implementation("softmax", "lib_b:softmax", name="lib_a.softmax")
 
 
 def test_case_json_keeps_string_params_and_non_finite_floats():
@@ -216,7 +239,11 @@ def test_tables_show_finite_ulps_at_the_output_scale_and_name_extremes_in_a_note
     assert all(math.isfinite(v) for v in _numbers(markdown.table(data)))
     assert "torch exact" in report_summary_text(data) and "exact" in markdown.table(data)
     assert any("ulp of the output's scale" in n and "matches_reference on x normal" in n for n in o["notes"])
-    assert "[1]" in markdown.table(data) and "[1] softmax/padded_lanes_zero/float32/y" in markdown.table(data)
+    assert "[1] softmax/padded_lanes_zero/float32/y" in markdown.table(data)  # the note, under the table
+    # ... and why, on the output's own row: 4.2e6 ulps where the allowance (1) reaches the output's scale
+    (row,) = [line for line in markdown.table(data).splitlines() if line.startswith("softmax ")]
+    assert row.endswith("[1] expected ~0 (within its allowance of 0): its ulps measure nothing, 1 ex.")
+    assert o["note_tags"] == [row.partition("[1] ")[2]]
 
 
 def report_summary_text(data):

@@ -31,6 +31,7 @@ from tritoncheck import backend, devices, unrunnable
 from tritoncheck.config import CONFIG, PROFILE_SIZES, RunConfig
 from tritoncheck.worker_crashes import CRASH_PROPERTY
 
+FAILURE_ATTRIBUTE = "tritoncheck_failure"  # a failed check's record, on its test report
 NAME = "tritoncheck.plugin"  # the entry point's name: `-p tritoncheck.plugin` is then the same plugin
 CHECK, MUTANT, IMPL = "tritoncheck_check", "tritoncheck_mutant", "tritoncheck_impl"
 MARKERS = {
@@ -393,6 +394,7 @@ class Session:
         self.unrunnable: dict[str, str] = {}  # verdict line -> its text, once per implementation and error
         self.verdicts: dict[str, str] = {}  # check id -> passed, failed, skipped, xfailed, xpassed, error
         self.crashes: dict[str, str] = {}  # check id -> what xdist and tritoncheck said of its crashed worker
+        self.failures: dict[str, dict] = {}  # check id -> its record (tritoncheck/report/failures.py)
         from tritoncheck.report import shards
         self.shard = shards.parse(config.getoption("--shard")) if config.getoption("--shard") else None
         # A wild or misaligned access on the GPU leaves the process's CUDA context broken
@@ -401,7 +403,9 @@ class Session:
         self.cuda_broken_by: str | None = None
         harness.set_collector(collect.Collector())
         if self.worker is None:
+            from tritoncheck.report import failures
             collect.clear_parts(CONFIG.report_dir)
+            failures.clear(CONFIG.report_dir)
         else:
             # Each xdist worker's fp64 references would otherwise start one thread per core:
             # 14 workers on 16 cores ran 14 x 16 threads and spent the GPU run waiting on them.
@@ -438,7 +442,12 @@ class Session:
             if key == unrunnable.PROPERTY:
                 self.unrunnable.setdefault(value[0], value[1])
             if key == CRASH_PROPERTY:
-                self.crashes[report.nodeid.partition("[")[2].rstrip("]")] = value
+                from tritoncheck.report import failures
+                test = report.nodeid.partition("[")[2].rstrip("]")
+                self.crashes[test] = value
+                self.failures.setdefault(test, failures.of_crash(test, value, CONFIG.report_dir))
+        if getattr(report, FAILURE_ATTRIBUTE, None):  # the first: a teardown error keeps the call's failure
+            self.failures.setdefault(report.nodeid.partition("[")[2].rstrip("]"), getattr(report, FAILURE_ATTRIBUTE))
         self._record_verdict(report)
         if report.when == "call" or (report.when == "setup" and report.skipped):
             if report.skipped:
@@ -493,6 +502,11 @@ class Session:
         elif call.when == "call" and item.get_closest_marker(CHECK):
             from tritoncheck import harness
             harness.account_refusals(item.callspec.params["target"], call.excinfo, report, item)
+        if report.failed and call.excinfo is not None and item.get_closest_marker(CHECK):
+            from tritoncheck.report import failures
+            # an attribute of the report: xdist carries it to the controller with the report
+            setattr(report, FAILURE_ATTRIBUTE, failures.of_exception(item.callspec.params["target"],
+                                                                     call.excinfo.value, CONFIG.report_dir))
         if call.when == "call" and report.failed and self.cuda_broken_by is None and self.backend == "cuda":
             import torch
             try:
@@ -534,7 +548,8 @@ class Session:
                 "shard": "{}/{}".format(*self.shard) if self.shard else None}
         from tritoncheck.report import files
         self.report = report.build(CONFIG.report_dir, self.skipped, meta, limits=self._declared_limits(),
-                                   verdicts=self.verdicts, crashes=self.crashes)
+                                   verdicts=self.verdicts, crashes=self.crashes,
+                                   failures=list(self.failures.values()))
         files.write(CONFIG.report_dir, self.report)
         if self.user_implementations() and self.counted == 0 and exitstatus in (0, 5):
             # Every check of the user's implementation was skipped: nothing was verified.

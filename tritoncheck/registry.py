@@ -449,8 +449,28 @@ def register_implementation(op: str, fn: Callable | str, name: str | None = None
         fn = resolve(fn)
     impl = Implementation.of(op, fn, name=name or (label.rpartition(":")[2] if label else None), kind="user",
                              target=label)
-    _user_impls.setdefault(op, []).append(impl)
+    impls = _user_impls.setdefault(op, [])
+    # an earlier clash named its implementations by path: a third of that name clashes too
+    same = [i for i in impls if i.name == impl.name
+            or (i.target and i.name == i.target.replace(":", ".") and i.target.rpartition(":")[2] == impl.name)]
+    if any(i.fn is impl.fn for i in same):
+        return next(i for i in same if i.fn is impl.fn)  # named twice: one implementation, checked once
+    if same:
+        # two functions of one name from different modules (a kernel and its fix, two libraries'):
+        # each is named by its import path, so that their tests, report rows and replay files
+        # stay apart (pytest would number the ids, and the report would merge their rows)
+        if name is not None:
+            raise ValueError(f"register_implementation({op!r}, ..., name={name!r}): that name is already "
+                             f"{same[0].target or same[0].name}'s; give each implementation its own")
+        impls[:] = [_named_by_path(i) if i.name == impl.name else i for i in impls]
+        impl = _named_by_path(impl)
+    impls.append(impl)
     return impl
+
+
+def _named_by_path(impl: Implementation) -> Implementation:
+    path = (impl.target or _target_of(impl.fn) or "").replace(":", ".")
+    return dataclasses.replace(impl, name=path or f"{impl.name}.{id(impl.fn):x}")
 
 
 def user_implementations() -> dict[str, list[Implementation]]:

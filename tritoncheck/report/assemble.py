@@ -16,7 +16,7 @@ import numpy as np
 from tritoncheck.coverage import regime
 from tritoncheck.report import summary
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def _finite(values):
@@ -141,15 +141,17 @@ def statistical(examples: dict[str, int], invalid: dict[str, int]) -> dict:
 
 
 def build(folder: Path, skipped: list[dict], meta: dict, limits: dict | None = None,
-          verdicts: dict[str, str] | None = None, crashes: dict[str, str] | None = None) -> dict:
+          verdicts: dict[str, str] | None = None, crashes: dict[str, str] | None = None,
+          failures: list[dict] | None = None) -> dict:
     """The report of a run from its processes' parts; ``verdicts``: test id -> outcome;
-    ``crashes``: test id -> what was said of the worker that died in it (a failed verdict)."""
+    ``crashes``: test id -> what was said of the worker that died in it (a failed verdict);
+    ``failures``: the failed checks' records (``tritoncheck.report.failures``)."""
     merged = merge(folder)
     return assemble(merged["rows"], {"examples": merged["examples"], "invalid": merged["invalid"],
                                      "refused": merged["refused"], "undeclared": merged["undeclared"]},
                     meta=meta, skipped=skipped, limits=limits or {}, verdicts=verdicts or {},
                     coverage=merged["coverage"], timing=timings(merged["seconds"]), gpu=merged["gpu"],
-                    crashes=crashes)
+                    crashes=crashes, failures=failures)
 
 
 def row_order(row: dict) -> tuple:
@@ -193,10 +195,11 @@ def slim(rows: list[dict]) -> list[dict]:
 
 def assemble(rows: list[dict], per_test: dict, *, meta: dict, skipped: list[dict], limits: dict,
              verdicts: dict[str, str], coverage: dict, timing: dict, gpu: dict,
-             crashes: dict[str, str] | None = None) -> dict:
+             crashes: dict[str, str] | None = None, failures: list[dict] | None = None) -> dict:
     """The report from its raw records: the recorded comparisons (``rows``), the per-test
-    counts (``per_test``: examples, invalid, refused, undeclared), the verdicts and the
-    coverage tallies. A run and the merge of its shards both come through here."""
+    counts (``per_test``: examples, invalid, refused, undeclared), the verdicts, the failed
+    checks' records and the coverage tallies. A run and the merge of its shards both come
+    through here."""
     rows = slim(sorted(rows, key=row_order))  # stable: one example's outputs keep their recorded order
     examples, invalid = per_test["examples"], per_test["invalid"]
     refused, undeclared = per_test["refused"], per_test["undeclared"]
@@ -206,6 +209,7 @@ def assemble(rows: list[dict], per_test: dict, *, meta: dict, skipped: list[dict
         "meta": meta,
         "outputs": summarise(rows),
         "verdicts": dict(sorted(verdicts.items())),
+        "failures": sorted(failures or [], key=lambda f: f["test"]),
         "crashes": dict(sorted((crashes or {}).items())),
         "coverage_per_test": dict(sorted(coverage.items())),
         "examples_per_test": dict(sorted(examples.items())),

@@ -15,13 +15,30 @@ import math
 from tritoncheck.coverage import largest_line
 from tritoncheck.report import markdown as rp
 from tritoncheck.report.assemble import ROUNDING_NOTE
-from tritoncheck.report.summary import COLUMNS, summary_cells
+from tritoncheck.report.summary import COLUMNS, run_line, summary_cells
 
 
 def _table(head, rows) -> str:
     esc = html.escape
     return ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
             + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
+
+
+def _failures(records: list[dict]) -> list[str]:
+    """Every failed check: its message, where it was raised, the case in words, the replay."""
+    if not records:
+        return []
+    esc = html.escape
+    items = []
+    for f in records:
+        impl = esc(f["impl"]) + (f" (<code>{esc(f['impl_target'])}</code>)" if f.get("impl_target") else "")
+        items.append(f"<li><code>{esc(f['test'])}</code>: {esc(f['check'])} of {impl} in {esc(f['dtype'])}, "
+                     f"{esc(f['kind'])}<pre>{esc(f['message'])}</pre>"
+                     + (f"<p>raised at <code>{esc(f['raised_at'])}</code></p>" if f.get("raised_at") else "")
+                     + (f"<p>case:</p><pre>{esc(f['case'])}</pre>" if f.get("case") else "")
+                     + (f"<p>replay: <code>{esc(f['replay'])}</code></p>" if f.get("replay") else "") + "</li>")
+    return [f"<h2>Failures ({len(records)})</h2><p>Each replay command runs from the directory the run ran in; "
+            "its files are in <code>failures/</code> beside this page.</p><ul>" + "".join(items) + "</ul>"]
 
 
 def plot_data(report: dict) -> list[dict]:
@@ -38,7 +55,7 @@ def page(report: dict) -> str:
     title = f"Tolerance report: {m.get('backend')}, {m.get('device')}"
     sections = [
         f"<h1>{esc(title)}</h1>",
-        f"<p><small>{esc(json.dumps(m))} &middot; {esc(report['created'])}</small></p>",
+        f"<p>{esc(run_line(report))}</p>",
         "<h2>Summary (one line per op x implementation x dtype)</h2>",
         _table(COLUMNS, [summary_cells(e) for e in summary]) if summary else "<p>No check ran.</p>",
         "<p><small>pass/fail/skip: the checks' verdicts; worst headroom: largest error / allowance over the "
@@ -46,6 +63,7 @@ def page(report: dict) -> str:
         "output dtype at the output's scale; vs torch: the kernel's error / plain PyTorch's where PyTorch's is "
         "nonzero; vacuous: counted elements whose allowance reached |expected|. docs/report-schema.md.</small></p>",
     ]
+    sections += _failures(report.get("failures") or [])
     crashes = report.get("crashes") or {}
     if crashes:
         sections.append("<h2>Crashed workers</h2><ul>" + "".join(

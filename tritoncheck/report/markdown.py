@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from tritoncheck.report import failures
 from tritoncheck.report.assemble import ROUNDING_NOTE
 from tritoncheck.report.summary import headroom_cell, summary_markdown, ulp_cell
 
@@ -61,12 +62,13 @@ def output_cells(report: dict) -> list[list[str]]:
     cells, n = [], 0
     for o in report["outputs"]:
         refs = []
-        for _ in o.get("notes", []):
+        for i, _ in enumerate(o.get("notes", [])):
             n += 1
-            refs.append(f"[{n}]")
+            tags = o.get("note_tags") or []
+            refs.append(f"[{n}] {tags[i]}" if i < len(tags) else f"[{n}]")
         cells.append([o["op"], o["impl"], o["dtype"], o["output"], str(o["examples"]), str(o["failed"]),
                       ulp_cell(o.get("max_ulp_at_scale")), ulp_cell(o.get("p50_ulp_at_scale")), _rel_cell(o),
-                      headroom_cell(o["max_headroom"]), _torch_cell(o), _vacuous(o), " ".join(refs)])
+                      headroom_cell(o["max_headroom"]), _torch_cell(o), _vacuous(o), "; ".join(refs)])
     return cells
 
 
@@ -202,7 +204,8 @@ def timing_line(report: dict) -> str | None:
 
 def markdown(report: dict) -> str:
     m = report["meta"]
-    lines = ["# Tolerance report", "", summary_markdown(report), *crash_section(report), "## Outputs", "",
+    lines = ["# Tolerance report", "", summary_markdown(report), *failures.markdown(report), *crash_section(report),
+             "## Outputs", "",
              f"Backend `{m.get('backend')}`, profile `{m.get('profile')}`, device {m.get('device')}, "
              f"{report['created']}. Headroom is the largest error divided by its allowance (<= 1 passes). "
              f"Tolerance mode `{m.get('tolerance', 'derived')}`"

@@ -60,13 +60,14 @@ def merge(reports: list[dict]) -> dict:
     per_test: dict[str, dict] = {"examples": {}, "invalid": {}, "refused": {}, "undeclared": {}}
     keys = {"examples": "examples_per_test", "invalid": "invalid_per_test", "refused": "refusals_per_test",
             "undeclared": "undeclared_refusals_per_test"}
-    rows, skipped, limits, verdicts, coverage, timing, gpu, crashes = [], [], {}, {}, {}, {}, {}, {}
+    rows, skipped, failures, limits, verdicts, coverage, timing, gpu, crashes = [], [], [], {}, {}, {}, {}, {}, {}
     for r in reports:
         twice = set(verdicts) & set(r.get("verdicts", {}))
         if twice:
             raise ValueError(f"report merge: {len(twice)} test(s) reported by two shards, e.g. {sorted(twice)[0]}")
         rows += r["rows"]
         skipped += r.get("skipped", [])
+        failures += r.get("failures", [])
         for key, name in keys.items():
             per_test[key].update(r.get(name, {}))
         limits.update(r.get("limits", {}))
@@ -78,7 +79,7 @@ def merge(reports: list[dict]) -> dict:
     meta = {k: v for k, v in first.items() if k != "shard"}
     meta["merged_from"] = [s or "whole run" for s in shards]
     return assemble.assemble(rows, per_test, meta=meta, skipped=skipped, limits=limits, verdicts=verdicts,
-                           coverage=coverage, timing=timing, gpu=gpu, crashes=crashes)
+                             coverage=coverage, timing=timing, gpu=gpu, crashes=crashes, failures=failures)
 
 
 def merge_files(paths: list[Path], out: Path) -> dict:
