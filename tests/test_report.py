@@ -59,6 +59,8 @@ def test_replay_module_reproduces_the_failure(report_dir):
         _failing_target().run(CASE)
     from tritoncheck import replay
     assert replay.main([str(next(report_dir.glob("failures/*.json")))]) == 1
+    (report_dir / "other.json").write_text("[1]")
+    assert replay.main([str(report_dir / "missing.json")]) == 2 and replay.main([str(report_dir / "other.json")]) == 2
 
 
 def test_reports_follow_the_schema(tmp_path):

@@ -327,9 +327,9 @@ def _configure_run(config, profile: str) -> None:
     for name, dtype in zip(config.getoption("--dtype"), CONFIG.dtypes or ()):
         if dtype not in FLOAT_DTYPES:
             raise ValueError(f"--dtype {name}: the contract's dtypes are float32, float16 and bfloat16")
-    unknown = set(CONFIG.ops or ()) - set(registry.load())
+    unknown = sorted(set(CONFIG.ops or ()) - set(registry.load()))
     if unknown:
-        raise ValueError(f"--op {', '.join(sorted(unknown))}: unknown; known ops: {', '.join(sorted(registry.OPS))}")
+        raise ValueError(f"--op {', '.join(unknown)}: {registry.unknown_op(unknown[0])}")
     world = config.getoption("--cp-world-size")
     if world is not None and world < 1:
         raise ValueError(f"--cp-world-size {world}: must be at least 1")
