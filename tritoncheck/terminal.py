@@ -20,6 +20,7 @@ import time
 import pytest
 
 from tritoncheck.report.summary import check_id, parse_test
+from tritoncheck.worker_crashes import CRASH_PROPERTY
 
 CHECKS_NAMED = 4  # failed checks a verdict line names before "+N more"
 REASON_WIDTH = 100  # of a skip reason on a verdict line
@@ -91,8 +92,8 @@ class LiveVerdicts:
         if report.skipped:
             self.reasons.setdefault(test, _reason(report))
         # a check's last report is its teardown's, or xdist's for a worker that died in it
-        if report.when in ("teardown", "???") or report.when == "call" and any(
-                k == "tritoncheck_crash" for k, _ in report.user_properties):
+        if report.when in ("teardown", "???") or (report.when == "call" and any(
+                k == CRASH_PROPERTY for k, _ in report.user_properties)):
             self.done.add(test)
             key = parse_test(test)[:3]
             if key not in self.printed and all(t in self.done for t in self.groups.get(key, ())):

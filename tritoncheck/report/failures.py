@@ -96,13 +96,13 @@ def raised_at(exc: BaseException) -> str | None:
         name = os.path.relpath(frame.filename)
     except ValueError:  # another drive
         name = frame.filename
-    name = frame.filename if name.startswith("..") else name
+    name = frame.filename if name.startswith("..") else name  # relative only under the run's directory
     return f"{name}:{frame.lineno} in {frame.name}: {(frame.line or '').strip()}"
 
 
 def of_exception(target, exc: BaseException, report_dir: Path) -> dict:
     """The record of ``target``'s check (a ``harness.Target``), failed with ``exc``."""
-    from _pytest.outcomes import Failed
+    import pytest
 
     from tritoncheck import unrunnable
     from tritoncheck.harness import dtype_name, failure_stem
@@ -113,7 +113,7 @@ def of_exception(target, exc: BaseException, report_dir: Path) -> dict:
         kind, message, error = UNRUNNABLE, exc.error.verdict(), exc.error.error
     elif isinstance(exc, AssertionError):
         kind, message = ASSERTION, _message_of_assertion(str(exc), test, check)
-    elif isinstance(exc, Failed):
+    elif isinstance(exc, pytest.fail.Exception):
         kind, message = NOT_EARNED, str(exc).strip()
     else:
         kind, message, where = ERROR, f"{type(exc).__name__}: {exc}".strip(), raised_at(exc)
