@@ -332,15 +332,19 @@ def test_a_segfaulting_kernel_fails_each_test_by_name_with_a_replay_and_the_run_
     assert done.returncode == 1, out[-3000:]
     assert f"{len(CRASHED_CHECKS)} failed" in done.stdout and "no crash isolation" not in out, done.stdout[-3000:]
     assert "maximum crashed workers" not in out
-    verdicts = json.loads((tmp_path / "reports" / "report.json").read_text())["verdicts"]
+    # in brief: the first crash whole (the worker, the case it was running, its replay), the others named
+    assert re.search(r"^FAILED softmax-segfaulting_softmax-float32-\w+: \w+ of segfaulting_softmax "
+                     r"\(crashing_kernels:segfaulting_softmax\), crash\n  worker 'gw\d+' crashed while running "
+                     r"'\S+': the process died in the implementation .*\n  case: softmax\(x, temperature\) in float32",
+                     done.stdout, re.M), done.stdout[-3000:]
+    assert f"the same crash failed {len(CRASHED_CHECKS) - 1} more check(s)" in done.stdout
+    data = json.loads((tmp_path / "reports" / "report.json").read_text())
+    records = {f["test"]: f for f in data["failures"]}
     for check in CRASHED_CHECKS:
         test = f"softmax-segfaulting_softmax-float32-{check}"
-        crash = re.search(rf"worker 'gw\d+' crashed while running '\S*{test}\]'\n{check} crashed the worker .*?\n"
-                          r"(softmax\(x, temperature\) in float32.*?)\nreplay: python -m tritoncheck\.replay "
-                          r"(reports/failures/\S+\.json)", out, re.S)
-        assert crash, out[-3000:]
-        case, replay = crash.groups()
-        assert verdicts[test] == "failed" and (tmp_path / replay).is_file()
+        assert data["verdicts"][test] == "failed" and records[test]["kind"] == "crash", records.get(test)
+        case, replay = records[test]["case"], records[test]["replay"].split()[-1]
+        assert case.startswith("softmax(x, temperature) in float32") and (tmp_path / replay).is_file()
     # the last one's file, read and run (each process imports torch: one is enough for the CPU)
     described = _run(["-m", "tritoncheck.replay", replay, "--describe"], tmp_path, env={"PYTHONPATH": str(ROOT)})
     assert described.returncode == 0 and case in described.stdout, described.stdout + described.stderr

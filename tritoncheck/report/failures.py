@@ -35,15 +35,16 @@ def replay_command(path: Path | str) -> str:
     return f"python -m tritoncheck.replay {path}"
 
 
-def _case_and_replay(report_dir: Path, stem: str) -> tuple[str | None, str | None]:
-    """The case in words and the replay command, from the test's replay file, if one was written."""
+def _replayed(report_dir: Path, stem: str) -> dict:
+    """The case in words and the replay command (and the implementation's import path), from
+    the test's replay file; empty where none was written."""
     path = Path(report_dir) / "failures" / f"{stem}.json"
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
-        return None, None
+        return {}
     from tritoncheck.strategies import Case
-    return Case.from_json(data["case"]).describe(), replay_command(path)
+    return {"case": Case.from_json(data["case"]).describe(), "replay": replay_command(path), "impl": data.get("impl")}
 
 
 def _first(exc: BaseException) -> tuple[BaseException, int]:
@@ -120,10 +121,11 @@ def of_exception(target, exc: BaseException, report_dir: Path) -> dict:
         error = message.splitlines()[0]
     if more:
         message += f"\n(and {more} other distinct failure(s) of this check: -v shows them)"
-    case, replay = _case_and_replay(report_dir, failure_stem(test))
+    replayed = _replayed(report_dir, failure_stem(test))
     return {"test": test, "op": target.op.name, "impl": target.impl.name, "impl_target": target.impl.target,
             "impl_kind": target.impl.kind, "dtype": dtype_name(target.dtype), "check": check, "kind": kind,
-            "message": message, "error": error, "raised_at": where, "case": case, "replay": replay}
+            "message": message, "error": error, "raised_at": where, "case": replayed.get("case"),
+            "replay": replayed.get("replay")}
 
 
 def of_crash(test: str, text: str, report_dir: Path) -> dict:
@@ -131,10 +133,11 @@ def of_crash(test: str, text: str, report_dir: Path) -> dict:
     that was running (its replay file) where there was one."""
     from tritoncheck.harness import failure_stem
     op, impl, dtype, check = parse_test(test) or ("", "", "", test)
-    case, replay = _case_and_replay(report_dir, failure_stem(test))
+    replayed = _replayed(report_dir, failure_stem(test))
     first = text.strip().splitlines()
-    return {"test": test, "op": op, "impl": impl, "impl_target": None, "impl_kind": None, "dtype": dtype,
-            "check": check, "kind": CRASH, "error": CRASH, "raised_at": None, "case": case, "replay": replay,
+    return {"test": test, "op": op, "impl": impl, "impl_target": replayed.get("impl"), "impl_kind": None,
+            "dtype": dtype, "check": check, "kind": CRASH, "error": CRASH, "raised_at": None,
+            "case": replayed.get("case"), "replay": replayed.get("replay"),
             "message": (f"{first[0]}: the process died in the implementation (a segfault, an abort, or worse)"
                         if first else "the worker process died")}
 
