@@ -4,6 +4,7 @@
 - ``collect``: what each pytest process records (rows, per-test counts) into ``parts/``;
 - ``assemble``: the run's report from those parts (and ``shards``: from several runs' reports);
 - ``summary``: one line per op x implementation x dtype, and the figures the tables show;
+- ``failures``: each failed check's record: its message, the case in words, its replay;
 - ``markdown``, ``html_page``, ``files``: the pages, and writing the three files;
 - ``diff``: two reports compared (``tritoncheck report diff``).
 
