@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from tritoncheck import devices, report
+from tritoncheck.report import markdown
 
 
 @pytest.mark.parametrize("worker_id, gpus, expected", [
@@ -45,8 +46,8 @@ def test_the_report_says_which_gpu_ran_each_test(tmp_path):
         collector.dump(tmp_path / "parts", name, gpu=gpu)
     data = report.build(tmp_path, [], {"backend": "cuda"})
     assert data["gpu_per_test"] == {"a-k-float16-x": 0, "b-k-float16-x": 0, "c-k-float32-x": 1}
-    assert report.gpu_line(data) == "tests per GPU: cuda:0 2, cuda:1 1"
-    assert report.gpu_line({"gpu_per_test": {}}) == ""
+    assert markdown.gpu_line(data) == "tests per GPU: cuda:0 2, cuda:1 1"
+    assert markdown.gpu_line({"gpu_per_test": {}}) == ""
 
 
 def test_release_cache_empties_only_past_the_kept_size(monkeypatch):

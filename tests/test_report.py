@@ -10,8 +10,10 @@ import sys
 
 import pytest
 
-from tritoncheck import harness, registry, report, report_files, report_html, selfcheck
+from tritoncheck import harness, registry, report, selfcheck
 from tritoncheck.config import CONFIG
+from tritoncheck.report import assemble, diff, files, html_page, markdown
+from tritoncheck.report import shards as report_shards
 from tritoncheck.strategies import Case, TensorSpec
 
 
@@ -57,6 +59,8 @@ def test_replay_module_reproduces_the_failure(report_dir):
         _failing_target().run(CASE)
     from tritoncheck import replay
     assert replay.main([str(next(report_dir.glob("failures/*.json")))]) == 1
+    (report_dir / "other.json").write_text("[1]")
+    assert replay.main([str(report_dir / "missing.json")]) == 2 and replay.main([str(report_dir / "other.json")]) == 2
 
 
 def test_reports_follow_the_schema(tmp_path):
@@ -70,7 +74,7 @@ def test_reports_follow_the_schema(tmp_path):
     sink(compare("y", torch.tensor([1.0, 2.0]), np.array([1.0, 2.5]), np.array([0.1, 0.1])))
     collector.dump(tmp_path / "parts", "main")
     data = report.build(tmp_path, [{"test": "t", "outcome": "skipped", "reason": "r"}], {"backend": "interpret"})
-    report_files.write(tmp_path, data)
+    files.write(tmp_path, data)
     loaded = json.loads((tmp_path / "report.json").read_text())
     assert loaded["schema_version"] == report.SCHEMA_VERSION
     (row,) = loaded["outputs"]
@@ -83,6 +87,29 @@ def test_reports_follow_the_schema(tmp_path):
     assert "| softmax | padded_lanes_zero | float32 | y |" in (tmp_path / "report.md").read_text()
     html = (tmp_path / "report.html").read_text()
     assert "headroom against elements" in html and "padded_lanes_zero" in html
+    assert "<p>interpret backend on None, profile None;" in html and '{"backend"' not in html  # words, not a dict
+
+
+def test_two_implementations_of_one_function_name_get_their_own_ids_rows_and_replay_files(tmp_path, monkeypatch):
+    """--impl softmax=lib_a:softmax softmax=lib_b:softmax: pytest numbered the ids
+    (matches_reference0/1) and the report merged their rows; each is named by its path now."""
+    import torch
+    for lib in ("lib_a", "lib_b"):
+        (tmp_path / f"{lib}.py").write_text("import torch\ndef softmax(x, temperature=1.0):\n"
+                                            "    return torch.softmax(x / temperature, -1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_user_impls", {})
+    registry.register_implementation("softmax", "lib_a:softmax")
+    registry.register_implementation("softmax", "lib_b:softmax")
+    registry.register_implementation("softmax", "lib_a:softmax")  # named twice: checked once
+    impls = registry.user_implementations()["softmax"]
+    assert [i.name for i in impls] == ["lib_a.softmax", "lib_b.softmax"]
+    check = registry.OPS["softmax"].checks[0]
+    ids = {harness.Target(registry.OPS["softmax"], i, torch.float32, check).id for i in impls}
+    assert ids == {f"softmax-lib_a.softmax-float32-{check.name}", f"softmax-lib_b.softmax-float32-{check.name}"}
+    assert len({harness.failure_stem(i) for i in ids}) == 2
+    with pytest.raises(ValueError, match="that name is already lib_a:softmax's"):
+        registry.register_implementation("softmax", "lib_b:softmax", name="lib_a.softmax")
 
 
 def test_case_json_keeps_string_params_and_non_finite_floats():
@@ -112,7 +139,7 @@ def test_examples_and_discarded_examples_are_counted_per_test(report_dir, monkey
     data = report.build(report_dir, [], {"backend": "interpret"})
     assert data["examples_per_test"] == {discarding.id: 3} and data["invalid_per_test"] == {discarding.id: 3}
     assert not (report_dir / "failures").exists()  # a discarded example is not a failure
-    assert "3 examples over 1 tests, 3 discarded" in report.markdown(data)
+    assert "3 examples over 1 tests, 3 discarded" in markdown.markdown(data)
 
 
 def test_refusals_and_discards_reach_every_report(tmp_path):
@@ -126,11 +153,11 @@ def test_refusals_and_discards_reach_every_report(tmp_path):
     data = report.build(tmp_path, [], {"backend": "interpret"}, limits={"softmax-k": "N <= 65536"})
     assert data["refusals_per_test"][target.id] == {"ValueError: x: rows of 70000 elements": 1,
                                                     "ValueError: x: rows of 90001 elements": 1}
-    table = report.discard_table(data)
+    table = markdown.discard_table(data)
     assert target.id in table and "2x ValueError: x: rows of 70000 elements (and 1 variant(s))" in table
-    md = report.markdown(data)
+    md = markdown.markdown(data)
     assert "## Refusals, vacuous comparisons and discards" in md and "N <= 65536" in md
-    assert "rows of 70000" in report_html.page(data)
+    assert "rows of 70000" in html_page.page(data)
 
 
 def test_statistical_checks_add_up_to_a_union_bound_per_run():
@@ -139,12 +166,12 @@ def test_statistical_checks_add_up_to_a_union_bound_per_run():
                 "dropout_residual_layer_norm-triton-float16-seed_reproducible": 10,
                 "softmax-triton-float16-matches_reference": 40}
     invalid = {"dropout_residual_layer_norm-triton-float16-keep_fraction_binomial": 5}
-    figures = report.statistical(examples, invalid)
+    figures = assemble.statistical(examples, invalid)
     keep = figures["tests"]["dropout_residual_layer_norm-triton-float16-keep_fraction_binomial"]
     assert keep["examples"] == 20 and keep["bound"] == pytest.approx(20 * keep["rate"])
     assert "softmax-triton-float16-matches_reference" not in figures["tests"]  # exact checks carry no rate
     assert figures["run_bound"] == pytest.approx(sum(t["bound"] for t in figures["tests"].values()))
-    line = report.statistical_line({"statistical": figures})
+    line = markdown.statistical_line({"statistical": figures})
     assert line.startswith("statistical checks: 2 tests, 30 examples, false-alarm bound")
 
 
@@ -160,7 +187,7 @@ def test_vacuous_elements_are_traced_to_the_input_regime_they_came_from():
                  "dy": TensorSpec((2, 5), "float16", "normal", 1e3, 1)}, {"temperature": 1.0}).to_json()
     quiet = dict(case, tensors={"x": dict(case["tensors"]["x"], family="normal")})
     rows = [{"vacuous": 7, "case": case}, {"vacuous": 2, "case": case}, {"vacuous": 0, "case": quiet}]
-    assert report.vacuous_where(rows) == [{"regime": "dy normal x1000, x near_max", "elements": 9, "examples": 2}]
+    assert assemble.vacuous_where(rows) == [{"regime": "dy normal x1000, x near_max", "elements": 9, "examples": 2}]
 
 
 # ------------------------------------------------ the summary, finite figures, diff, merge
@@ -208,17 +235,21 @@ def test_tables_show_finite_ulps_at_the_output_scale_and_name_extremes_in_a_note
     # there, and the one counted element (1.0) is exact
     assert o["max_rel_counted"] == 0.0 and o["rel_defined_examples"] == 2
     assert o["torch_exact_examples"] == 2 and o["max_parity_ratio_finite"] is None  # 1e-70: no error at scale 1
-    text = report.table(data) + report.markdown(data) + report_summary_text(data)
+    text = markdown.table(data) + markdown.markdown(data) + report_summary_text(data)
     import re
     assert not re.search(r"\b(inf|nan)\b", text.lower()), text
-    assert all(math.isfinite(v) for v in _numbers(report.table(data)))
-    assert "torch exact" in report_summary_text(data) and "exact" in report.table(data)
+    assert all(math.isfinite(v) for v in _numbers(markdown.table(data)))
+    assert "torch exact" in report_summary_text(data) and "exact" in markdown.table(data)
     assert any("ulp of the output's scale" in n and "matches_reference on x normal" in n for n in o["notes"])
-    assert "[1]" in report.table(data) and "[1] softmax/padded_lanes_zero/float32/y" in report.table(data)
+    assert "[1] softmax/padded_lanes_zero/float32/y" in markdown.table(data)  # the note, under the table
+    # ... and why, on the output's own row: 4.2e6 ulps where the allowance (1) reaches the output's scale
+    (row,) = [line for line in markdown.table(data).splitlines() if line.startswith("softmax ")]
+    assert row.endswith("[1] expected ~0 (within its allowance of 0): its ulps measure nothing, 1 ex.")
+    assert o["note_tags"] == [row.partition("[1] ")[2]]
 
 
 def report_summary_text(data):
-    from tritoncheck.report_summary import summary_text
+    from tritoncheck.report.summary import summary_text
     return summary_text(data)
 
 
@@ -257,7 +288,7 @@ def test_summary_line_per_op_impl_dtype_with_verdicts_coverage_and_the_unexercis
     (o,) = data["outputs"]
     assert o["notes"] == ["softmax/padded_lanes_zero/float32/y: 0 error in all 1 examples: exact there, or not "
                           "exercised (largest x 2x5, at most 2 rows of <= 5)"]
-    md = report.markdown(data)
+    md = markdown.markdown(data)
     assert md.index("## Summary") < md.index("## Outputs") and "1/1/1 failed: rows_sum_to_one" in md
     assert ("| `softmax-padded_lanes_zero-float32-matches_reference` | 1 | largest x 2x5, at most 2 rows of <= 5 | "
             "contiguous | float32 | normal |") in md
@@ -319,7 +350,6 @@ def test_report_diff_of_equal_reports_passes_and_a_non_report_is_a_usage_error(t
 
 
 def test_shards_are_a_stable_partition_by_test_id():
-    from tritoncheck import report_shards
     ids = [f"tests/test_checks.py::test_check[softmax-triton-float32-check{i}]" for i in range(300)]
     shards = [report_shards.shard_of(i, 3) for i in ids]
     assert set(shards) == {1, 2, 3} and min(shards.count(k) for k in (1, 2, 3)) > 60
@@ -361,7 +391,6 @@ def test_three_shards_merged_equal_the_whole_run(tmp_path):
     for key in SAME_RUN_KEYS:
         assert merged[key] == whole[key], key
     with pytest.raises(ValueError, match="two shards|same shard"):
-        from tritoncheck import report_shards
         report_shards.merge([shards[0], shards[0]])
 
 
@@ -394,11 +423,10 @@ def test_junit_failure_message_names_the_check_its_replay_and_the_worst_element(
 
 
 def test_report_diff_pairs_the_project_kernel_with_a_library_one_of_another_name(tmp_path):
-    from tritoncheck import report_diff
     a, b = (json.loads(p.read_text()) for p in _diff_pair(tmp_path, headroom_b=0.5, verdict_b="failed"))
     b["outputs"] = [dict(o, impl="liger") for o in b["outputs"]]
     b["verdicts"] = {t.replace("padded_lanes_zero", "liger"): v for t, v in b["verdicts"].items()}
-    found = report_diff.diff(a, b)
+    found = diff.diff(a, b)
     assert found["paired"] == ["softmax: padded_lanes_zero (A) ~ liger (B)"] and found["regression"]
     assert [c["test"] for c in found["changed"]] == ["softmax-padded_lanes_zero-float32-matches_reference"]
     assert [g["output"] for g in found["grew"]] == ["softmax/padded_lanes_zero/float32/y"]

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # folder -> the package name it has once installed (pyproject.toml's package-dir)
 PACKAGES = {"tritoncheck": "tritoncheck", "kernels": "tritoncheck.kernels", "references": "tritoncheck.references",
             "properties": "tritoncheck.properties", "controls": "tritoncheck.controls",
-            "mutants": "tritoncheck.mutants"}
+            "mutants": "tritoncheck.mutants", "tritoncheck/report": "tritoncheck.report"}
 
 
 def _modules() -> dict[str, Path]:
@@ -31,7 +31,10 @@ def import_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
-                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+                # `from package import module` imports that module (and runs the package's
+                # face, which is no tie of meaning); `from module import name`, the module
+                targets = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                           for alias in node.names]
             else:
                 continue
             graph[name].update(t for t in targets if t in modules and t not in (name, "tritoncheck"))

@@ -23,6 +23,16 @@ def _verify(fn, tmp_path, **kwargs):
     return tritoncheck.verify("softmax", fn, report_dir=tmp_path, quiet=True, **kwargs)
 
 
+def test_a_misspelt_op_dtype_or_check_is_a_usage_error_before_anything_runs(tmp_path):
+    for kwargs, words in (({}, r"unknown op 'sofmax' \(did you mean 'softmax'\?\); known ops: .*softmax"),
+                          ({"checks": ("rows_sum_to_on",)}, r"unknown check 'rows_sum_to_on' \(did you mean "
+                                                            r"'rows_sum_to_one'\?\)"),
+                          ({"dtypes": ("float64",)}, r"unknown dtype 'float64'.*float32, float16, bfloat16")):
+        with pytest.raises(ValueError, match=words):
+            tritoncheck.verify("softmax" if kwargs else "sofmax", CONTROL, report_dir=tmp_path, quiet=True, **kwargs)
+    assert not any(tmp_path.iterdir())  # no child started, no verdict written
+
+
 def test_a_correct_control_passes_within_the_budget(tmp_path):
     checks = ("matches_reference", "inputs_unchanged", "calls_independent", "deterministic", "rows_sum_to_one")
     verdict = _verify(CONTROL, tmp_path, checks=checks)

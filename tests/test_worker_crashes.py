@@ -12,6 +12,8 @@ import pytest
 
 from tritoncheck import harness, registry, report, worker_crashes
 from tritoncheck.plugin import CHECK
+from tritoncheck.report import html_page
+from tritoncheck.report import markdown as report_markdown
 
 NODE = "suite.py::test_check[{}]"
 
@@ -195,8 +197,7 @@ def test_the_report_counts_a_crashed_check_as_failed_and_names_the_crash(tmp_pat
                             verdicts={test: "failed"}, crashes={test: text})
     [entry] = data["summary"]
     assert entry["failed"] == 1 and entry["failed_checks"] == ["rows_sum_to_one"]
-    markdown = report.markdown(data)
+    markdown = report_markdown.markdown(data)
     assert "## Crashed workers" in markdown and f"- `{test}`:" in markdown
     assert "  replay: python -m tritoncheck.replay x.json" in markdown
-    from tritoncheck import report_html
-    assert "<h2>Crashed workers</h2>" in report_html.page(data) and "x.json" in report_html.page(data)
+    assert "<h2>Crashed workers</h2>" in html_page.page(data) and "x.json" in html_page.page(data)

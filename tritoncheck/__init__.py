@@ -10,6 +10,10 @@ code runs installed (``pyproject.toml`` maps the folders) and from the checkout 
 
 Public names are imported on first use: ``import tritoncheck`` does not import torch,
 and so cannot import triton before the plugin has chosen the backend.
+
+PYTEST_DONT_REWRITE: this file asserts nothing, and the ``tritoncheck`` command imports it
+before it starts pytest, whose entry point then marks the whole package for assertion
+rewriting and would warn, in every run, that this module was imported too early to be.
 """
 from __future__ import annotations
 

@@ -9,7 +9,10 @@ only when every check that could run passed. Without ``--profile`` it runs twice
 ``quick`` profile first, a verdict on every check in about a minute, then, when that
 passed, the deep profile (``gpu`` on CUDA, ``ci`` on the interpreter) over the same
 report directory; ``--profile`` runs that profile only. pytest runs underneath: anything after
-``--`` goes to it unchanged, and ``pytest --impl OP=module:function`` does the same.
+``--`` goes to it unchanged, and ``pytest --impl OP=module:function`` does the same. What it
+prints is the plugin's ``--live-verdicts`` (tritoncheck/terminal.py): a line per op x
+implementation x dtype as its verdict comes, each failure in brief, the summary; ``-v`` adds
+pytest's own report of each failure. ``--list-ops`` prints the contract table without pytest.
 
     tritoncheck report summary reports/report.json     # the summary, as Markdown
     tritoncheck report diff base.json reports/report.json   # what got worse; exit 1 if anything did
@@ -25,8 +28,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tritoncheck.profiles import EXAMPLES, PROFILES
+
 EPILOG = """\
-options after -- go to pytest as they are (e.g. -- -x -k rows_sum_to_one).
+output: one line per op x implementation x dtype as its verdict comes, then each failure in brief
+(its check, message, worst element, case in words and replay command) and the summary; -v adds
+pytest's tracebacks, Hypothesis's detail and the per-output tolerance table. Options after --
+go to pytest as they are (e.g. -- -x -k rows_sum_to_one).
 
 what your function may declare about itself (attributes, validated when it is loaded):
   fn.dtypes = (torch.float16,)          only these dtypes; the others are skipped with the reason
@@ -41,13 +49,26 @@ what your function may declare about itself (attributes, validated when it is lo
 your own op: define it with @tritoncheck.op in a module (docs/your-op.md), then
   tritoncheck --op-module mypkg.ops mm=mypkg.kernels:mm
 
-profiles: without --profile, quick (10 examples, a small pool of shapes, no shrinking: a verdict
-on every check in about a minute), then, if every check passed, gpu (on CUDA; ci on the
-interpreter) for depth. --profile quick stops after the first; --profile gpu skips it.
+profiles: without --profile, quick (%(quick)d examples a check, a small pool of shapes, no shrinking: a
+verdict on every check in about a minute), then, if every check passed, gpu (%(gpu)d, large shapes;
+on CUDA) or ci (%(ci)d, small shapes; on the interpreter) for depth. --profile quick stops after the
+first; --profile gpu skips it.
 
-exit status: 0 every check passed; 1 a check failed (each failure prints the case in words
-and a replay command); 2 a usage error (an --impl that does not import, an unknown op).
-"""
+from pytest instead: python -m pytest --pyargs tritoncheck.suite --impl OP=module:function. A
+conftest.py that calls tritoncheck.register_implementation(OP, fn) in place of --impl needs the
+plugin turned on: python -m pytest -p tritoncheck.plugin --pyargs tritoncheck.suite (the plugin
+stays inert in pytest runs that ask for nothing; this command does not read conftest.py).
+
+the reports a run writes (docs/report-schema.md):
+  tritoncheck report summary reports/report.json          the summary as Markdown (--text: as printed)
+  tritoncheck report diff base.json reports/report.json   what got worse from A to B; exit 1 if anything did
+  tritoncheck report merge -o reports s1.json s2.json     the reports of a --shard K/N run, joined
+  python -m tritoncheck.replay reports/failures/ID.json   a failed case again (printed with each failure)
+
+exit status: 0 every check that could run passed; 1 a check failed, or none could run; 2 a usage
+error (an OP=module:function that does not import, an unknown op or option); 3 an internal error;
+5 no check selected (-- -k, --shard); 130 interrupted.
+""" % EXAMPLES
 
 
 def parser() -> argparse.ArgumentParser:
@@ -64,11 +85,12 @@ def parser() -> argparse.ArgumentParser:
                    help="only this dtype: float32, float16, bfloat16 (repeatable)")
     p.add_argument("--backend", choices=("auto", "cuda", "interpret"), default="auto",
                    help="cuda, the Triton interpreter on CPU, or auto (cuda if available)")
-    p.add_argument("--profile", choices=("quick", "dev", "ci", "gpu", "nightly"), default=None,
-                   help="examples and sizes; default: quick (10 examples, few shapes, no shrinking: a first "
-                        "verdict in about a minute), then, if it passed, gpu (large shapes, 100 examples) on "
-                        "CUDA or ci (small shapes, 20) on the interpreter; nightly (1000), dev. A profile "
-                        "named runs alone")
+    p.add_argument("--profile", choices=PROFILES, default=None,
+                   help=f"examples and sizes; default: quick ({EXAMPLES['quick']} examples, few shapes, no "
+                        "shrinking: a first verdict in about a minute), then, if it passed, gpu (large shapes, "
+                        f"{EXAMPLES['gpu']} examples) on CUDA or ci (small shapes, {EXAMPLES['ci']}) on the "
+                        f"interpreter; nightly ({EXAMPLES['nightly']}), dev ({EXAMPLES['dev']}). A profile named "
+                        "runs alone")
     p.add_argument("--max-examples", type=int, default=None, metavar="N", help="examples per check")
     p.add_argument("--refusals", choices=("auto", "discard", "fail"), default="auto",
                    help="auto: a refusal your function declares (tritoncheck.Refusal, fn.refuses) is discarded and "
@@ -82,6 +104,12 @@ def parser() -> argparse.ArgumentParser:
                         "1 to 15, on CUDA at most one per 5 GiB of GPU memory, where pytest-xdist is installed (a cold run is mostly Triton compiling, which the "
                         "workers do in parallel; a kernel that crashes its worker fails the test it ran, by name, "
                         "and the run goes on in a new worker), else the command's own process")
+    p.add_argument("--cp-world-size", type=int, default=None, metavar="W",
+                   help="ranks (processes; on CUDA one GPU each) a distributed op's implementation runs on "
+                        "(cp_attention; gloo on CPU, NCCL on GPUs); default 2")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="also pytest's tracebacks and Hypothesis's detail for each failure, and the per-output "
+                        "tolerance table (pytest's -v; -- --full-trace adds the suite's own frames)")
     p.add_argument("--shard", default=None, metavar="K/N",
                    help="only the K-th of N deterministic shares of the checks (a CI matrix); "
                         "`tritoncheck report merge` joins the shards' reports")
@@ -95,26 +123,30 @@ def pytest_args(ns: argparse.Namespace, extra: list[str], profile: str | None = 
     # --confcutdir: from an editable install the suite's file lies in a checkout, whose
     # conftest.py would put the checkout first on sys.path, where its kernels/ would
     # shadow a user's package of that name. --rootdir: test ids read suite.py::test_check[...].
-    args = [str(here / "suite.py"), "-p", "tritoncheck.plugin", "-o", "tritoncheck=true", "-p", "no:cacheprovider",
-            "--confcutdir", str(here), "--rootdir", str(here), "--report-dir", ns.report_dir, "--backend", ns.backend,
-            "--refusals", ns.refusals, "--tolerance", ns.tolerance]
+    # addopts: the checkout's own (its durations table) are not the command's.
+    args = [str(here / "suite.py"), "-p", "tritoncheck.plugin", "-o", "tritoncheck=true", "-o", "addopts=",
+            "-p", "no:cacheprovider", "--confcutdir", str(here), "--rootdir", str(here), "--report-dir", ns.report_dir,
+            "--backend", ns.backend, "--refusals", ns.refusals, "--tolerance", ns.tolerance, "--live-verdicts",
+            "-o", "console_output_style=classic"]  # no [100%]: the verdict lines count the checks left
+    if ns.verbose == 0:
+        # the verdict lines and each failure in brief say it all: no session header, tracebacks
+        # or pytest's list of failed ids (a collection error still shows, as a line)
+        args += ["-q", "--tb=no", "-rE"]
+    args += ["-v"] * ns.verbose
     for module in ns.op_module:
         args += ["--op-module", module]
     for spec in ns.impls:
         args += ["--impl", spec]
     for dtype in ns.dtype:
         args += ["--dtype", dtype]
-    workers = ns.workers or (None if ns.list_ops else crash_isolating_workers(extra, ns.backend))
+    workers = ns.workers or crash_isolating_workers(extra, ns.backend)
     if workers:
         args += ["-n", str(workers)]
-    if ns.list_ops:
-        args.append("--list-ops")
     if profile or ns.profile:
         args += ["--hypothesis-profile", profile or ns.profile]
-    if ns.max_examples is not None:
-        args += ["--max-examples", str(ns.max_examples)]
-    if ns.shard:
-        args += ["--shard", ns.shard]
+    for option in ("max_examples", "cp_world_size", "shard"):
+        if getattr(ns, option) is not None:
+            args += [f"--{option.replace('_', '-')}", str(getattr(ns, option))]
     return args + extra
 
 
@@ -163,7 +195,7 @@ def default_workers(backend: str = "auto") -> int:
 
 
 def report_parser() -> argparse.ArgumentParser:
-    from tritoncheck import report_diff
+    from tritoncheck.report import diff as report_diff
     p = argparse.ArgumentParser(prog="tritoncheck report", description="Read, compare and join report.json files.")
     sub = p.add_subparsers(dest="action", required=True)
     s = sub.add_parser("summary", help="print a report's summary (Markdown: a CI step summary takes it)")
@@ -186,7 +218,9 @@ def report_parser() -> argparse.ArgumentParser:
 def report_command(argv: list[str]) -> int:
     """``tritoncheck report ...``: 0 done (diff: nothing worse), 1 diff found something worse,
     2 a usage error or a file that is not a report."""
-    from tritoncheck import report_diff, report_shards, report_summary
+    from tritoncheck.report import diff as report_diff
+    from tritoncheck.report import shards as report_shards
+    from tritoncheck.report import summary as report_summary
     ns = report_parser().parse_args(argv)
     try:
         if ns.action == "summary":
@@ -207,13 +241,35 @@ def report_command(argv: list[str]) -> int:
         return 2
 
 
+# pytest's exit status -> the command's (--help's "exit status"): a usage error is 2, as
+# argparse's are, where pytest says 4; pytest's 2 (interrupted) becomes a shell's Ctrl-C, 130
+EXIT_STATUS = {2: 130, 4: 2}
+
+
+def run_pytest(ns: argparse.Namespace, extra: list[str], profile: str | None = None) -> int:
+    import pytest
+    status = int(pytest.main(pytest_args(ns, extra, profile)))
+    return EXIT_STATUS.get(status, status)
+
+
+def list_ops(backend_choice: str) -> int:
+    """The contract table, from the op records: no pytest, no Triton, no workers."""
+    from tritoncheck import backend
+    backend.select(backend_choice)  # before anything the records import could import triton
+    from tritoncheck import contract
+    print(contract.markdown_table())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["report"]:
         return report_command(argv[1:])
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     ns = parser().parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-    if not ns.impls and not ns.list_ops:
+    if ns.list_ops:
+        return list_ops(ns.backend)
+    if not ns.impls:
         parser().error("name at least one OP=module:function (tritoncheck --list-ops lists the ops)")
     for spec in ns.impls:
         if "=" not in spec or ":" not in spec.partition("=")[2]:
@@ -223,14 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     here = os.getcwd()
     sys.path.insert(0, here)
     os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])
-    import pytest
-    if ns.profile or ns.list_ops:
-        return int(pytest.main(pytest_args(ns, extra)))
-    status = int(pytest.main(pytest_args(ns, extra, "quick")))
+    if ns.profile:
+        return run_pytest(ns, extra)
+    status = run_pytest(ns, extra, "quick")
     deep = deep_profile(ns.backend)
+    if status == 1:
+        print(f"tritoncheck: the quick profile did not pass; the {deep} profile is not run. Fix what it found, "
+              f"or run --profile {deep} for depth anyway.")
     if status != 0:
-        print(f"tritoncheck: the quick profile did not pass (exit status {status}); the {deep} profile is not run. "
-              f"Fix what it found, or run --profile {deep} for depth anyway.")
         return status
     print(f"tritoncheck: the quick profile passed; now the {deep} profile, for depth (--profile quick stops "
           "after the first).", flush=True)

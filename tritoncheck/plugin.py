@@ -20,17 +20,21 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import statistics
+import traceback
 from pathlib import Path
 
+import hypothesis
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import InvalidArgument
+from hypothesis.vendor import pretty
 
 from tritoncheck import backend, devices, unrunnable
 from tritoncheck.config import CONFIG, PROFILE_SIZES, RunConfig
+from tritoncheck.profiles import EXAMPLES, PROFILES
 from tritoncheck.worker_crashes import CRASH_PROPERTY
 
+FAILURE_ATTRIBUTE = "tritoncheck_failure"  # a failed check's record, on its test report
 NAME = "tritoncheck.plugin"  # the entry point's name: `-p tritoncheck.plugin` is then the same plugin
 CHECK, MUTANT, IMPL = "tritoncheck_check", "tritoncheck_mutant", "tritoncheck_impl"
 MARKERS = {
@@ -67,10 +71,16 @@ SUPPRESSED = {
 }
 _COMMON = dict(
     deadline=None,  # first calls compile kernels; time is not what is checked
-    print_blob=True,
+    # no "@reproduce_failure(...) as a decorator on your test function": the function is the
+    # suite's, and a failed check's replay files (tritoncheck/harness.py save_failure) replay
+    # its case without Hypothesis; the example database replays it first in the next run
+    print_blob=False,
     suppress_health_check=list(SUPPRESSED),
 )
-PROFILES = ("quick", "dev", "ci", "gpu", "nightly")
+# Hypothesis prints each value a failing test drew ("Draw 1 (case): Case(op='softmax', ...)",
+# 20 lines of dataclass fields): a case is printed in words, on one line, instead.
+pretty.for_type_by_name("tritoncheck.strategies", "Case",
+                        lambda case, p, cycle: p.text("; ".join(line.strip() for line in case.describe().splitlines())))
 # Per profile, the share of max_examples that must have counted (run the check to the end:
 # neither discarded by assume nor refused) for a test to pass; fewer fail it as not reached
 # (tritoncheck/harness.py below_min_counted). Half: dev 10 of 20, ci 5 of 10, gpu 50 of 100,
@@ -101,20 +111,20 @@ MIN_COUNTED_SHARE = {"quick": 0.5, "dev": 0.5, "ci": 0.5, "gpu": 0.5, "nightly":
 #   example, compiled a config per example. Checking every config on fresh NaN outputs (the
 #   cheat of a config that writes nothing, autotune_configs.each_in_turn) is the gpu
 #   profile's, which the tritoncheck command runs next.
-settings.register_profile("quick", max_examples=10, phases=(Phase.explicit, Phase.reuse, Phase.generate),
+settings.register_profile("quick", max_examples=EXAMPLES["quick"], phases=(Phase.explicit, Phase.reuse, Phase.generate),
                           **_COMMON)
 QUICK_SHAPES = 4
 QUICK_AUTOTUNE_CONFIG = 0
-settings.register_profile("dev", max_examples=20, **_COMMON)
+settings.register_profile("dev", max_examples=EXAMPLES["dev"], **_COMMON)
 # Sized for the Triton interpreter on a 2-core CPU: small shapes (CONFIG.size),
 # derandomized so CI is reproducible. 10 examples (5 must count), besides the length
 # classes every row-wide test runs on purpose first (harness.run_length_classes): with 15
 # ops, the cheat gauntlet and the meta-tests, 20 put the default run at 30+ minutes on two
 # cores, twice the CI budget. Depth is the gpu profile's (100) and nightly's (1000); when
 # the ci profile had 20, 30 examples found an fp64 reference NaN that 6 and 15 missed.
-settings.register_profile("ci", max_examples=10, derandomize=True, database=None, **_COMMON)
-settings.register_profile("gpu", max_examples=100, **_COMMON)
-settings.register_profile("nightly", max_examples=1000, **_COMMON)
+settings.register_profile("ci", max_examples=EXAMPLES["ci"], derandomize=True, database=None, **_COMMON)
+settings.register_profile("gpu", max_examples=EXAMPLES["gpu"], **_COMMON)
+settings.register_profile("nightly", max_examples=EXAMPLES["nightly"], **_COMMON)
 
 
 def pytest_addoption(parser):
@@ -163,6 +173,11 @@ def pytest_addoption(parser):
     group.addoption("--tolerance", choices=("derived", "parity"), default="derived",
                     help="derived (default): fail past the derived allowance; parity: fail only past both it and "
                          "2x plain PyTorch's error in the input dtype on the same input (tritoncheck/parity.py)")
+    group.addoption("--live-verdicts", action="store_true",
+                    help="print one line per op x implementation x dtype as its checks' verdicts come and the "
+                         "failures in brief at the end, instead of a dot per test (the tritoncheck command's "
+                         "output, with -q --tb=no -o console_output_style=classic: no header, tracebacks or "
+                         "progress percentage)")
     group.addoption("--shard", default=None, metavar="K/N",
                     help="run only the K-th of N deterministic shares of the tests (by a hash of each test id: the "
                          "same on every machine and in every order); `tritoncheck report merge` joins the shards' "
@@ -192,9 +207,9 @@ def pytest_cmdline_main(config):
             raise pytest.UsageError(f"--hypothesis-profile {profile!r}: unknown; the suite's profiles are "
                                     f"{', '.join(PROFILES)}") from None
     if config.getoption("--shard"):
-        from tritoncheck import report_shards
+        from tritoncheck.report import shards
         try:
-            report_shards.parse(config.getoption("--shard"))
+            shards.parse(config.getoption("--shard"))
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
     n = config.getoption("--max-examples")
@@ -256,7 +271,16 @@ def pytest_configure(config):
         _configure_run(config, profile)
     except (ValueError, TypeError) as exc:  # a bad --impl, or a kernel's declarations that do not validate
         raise pytest.UsageError(str(exc)) from None
-    config.pluginmanager.register(Session(config, profile, chosen), "tritoncheck-session")
+    session = Session(config, profile, chosen)
+    config.pluginmanager.register(session, "tritoncheck-session")
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    if config.getoption("--live-verdicts") and not _is_worker(config) and terminal is not None:
+        from tritoncheck.terminal import LiveVerdicts
+        workers = config.getoption("numprocesses", None) if _distributed(config) else None
+        header = f"tritoncheck: profile {profile}, {chosen} backend" + (f", {workers} worker(s)" if workers else "")
+        config.pluginmanager.register(LiveVerdicts(terminal, [(t.id, t.impl.target or t.impl.name)
+                                                               for t in harness.targets()], session.verdicts, header),
+                                      "tritoncheck-live-verdicts")
     if not _is_worker(config) and _distributed(config):
         from tritoncheck import worker_crashes
         check_ids = {t.id for t in harness.targets()}
@@ -334,9 +358,9 @@ def _configure_run(config, profile: str) -> None:
         if dtype not in known:
             raise ValueError(f"--dtype {name}: the contract's dtypes are "
                              f"{', '.join(str(d).replace('torch.', '') for d in dict.fromkeys(known))}")
-    unknown = set(CONFIG.ops or ()) - set(registry.load())
+    unknown = sorted(set(CONFIG.ops or ()) - set(registry.load()))
     if unknown:
-        raise ValueError(f"--op {', '.join(sorted(unknown))}: unknown; known ops: {', '.join(sorted(registry.OPS))}")
+        raise ValueError(f"--op {', '.join(unknown)}: {registry.unknown_op(unknown[0])}")
     world = config.getoption("--cp-world-size")
     if world is not None and world < 1:
         raise ValueError(f"--cp-world-size {world}: must be at least 1")
@@ -367,27 +391,31 @@ def _report_unrunnable(exc: unrunnable.Unrunnable, report, item) -> None:
     report.user_properties.append((unrunnable.PROPERTY, (error.verdict(), error.summary())))
 
 
-def _kill_summary(kills: list[tuple[str, bool, float]]) -> list[str]:
-    """The kill rate, and the time to kill (seconds from the start of a hunt to the failure
-    that kills, child start and compiles included) of the kills made: median, 90th
-    percentile, max and the slowest five."""
-    killed = sorted((seconds, name) for name, passed, seconds in kills if passed)
-    lines = [f"kill rate: {len(killed)}/{len(kills)} claimed (mutant, check) kills "
-             f"({100 * len(killed) / len(kills):.1f}%)"]
-    if killed:
-        times = [s for s, _ in killed]
-        lines.append(f"time to kill: median {statistics.median(times):.1f} s, "
-                     f"90th percentile {times[int(0.9 * (len(times) - 1))]:.1f} s, max {times[-1]:.1f} s "
-                     f"over {len(times)} kills; slowest: "
-                     + ", ".join(f"{name} {s:.1f} s" for s, name in reversed(killed[-5:])))
-    return lines
+def _hide_suite_frames(excinfo) -> bool:
+    """A failed check's traceback as pytest will print it, without the suite's own frames
+    (its engine, checks and references, as ``__tracebackhide__`` would hide them): from the
+    test down to the code under test, and the frame that raised. Whether every frame was the
+    suite's (the check's own verdict, not an exception out of the code under test).
+    ``--full-trace`` keeps them all."""
+    import _pytest
+    import pluggy
+    from _pytest._code import Traceback
+
+    from tritoncheck.report.failures import suite_frame
+    # pytest's, pluggy's and Hypothesis's frames (above the test) pytest cuts or hides itself
+    runners = tuple(str(Path(m.__file__).parent) for m in (_pytest, pluggy, hypothesis))
+    entries = list(excinfo.traceback)
+    kept = [e for e in entries if not suite_frame(str(e.path)) and not str(e.path).startswith(runners)]
+    excinfo.traceback = Traceback(kept if kept and kept[-1] is entries[-1] else kept + entries[-1:])
+    return not kept
 
 
 class Session:
     """One active run: what it counted, skipped and killed, and the hooks that read it."""
 
     def __init__(self, config, profile: str, chosen_backend: str):
-        from tritoncheck import harness, report
+        from tritoncheck import harness
+        from tritoncheck.report import collect
         self.config = config
         self.profile = profile
         self.backend = chosen_backend
@@ -400,15 +428,18 @@ class Session:
         self.unrunnable: dict[str, str] = {}  # verdict line -> its text, once per implementation and error
         self.verdicts: dict[str, str] = {}  # check id -> passed, failed, skipped, xfailed, xpassed, error
         self.crashes: dict[str, str] = {}  # check id -> what xdist and tritoncheck said of its crashed worker
-        from tritoncheck import report_shards
-        self.shard = report_shards.parse(config.getoption("--shard")) if config.getoption("--shard") else None
+        self.failures: dict[str, dict] = {}  # check id -> its record (tritoncheck/report/failures.py)
+        from tritoncheck.report import shards
+        self.shard = shards.parse(config.getoption("--shard")) if config.getoption("--shard") else None
         # A wild or misaligned access on the GPU leaves the process's CUDA context broken
         # for good: every later CUDA call in it fails with the same error, so every later
         # test in this process (or xdist worker) would fail too and blame itself.
         self.cuda_broken_by: str | None = None
-        harness.set_collector(report.Collector())
+        harness.set_collector(collect.Collector())
         if self.worker is None:
-            report.clear_parts(CONFIG.report_dir)
+            from tritoncheck.report import failures
+            collect.clear_parts(CONFIG.report_dir)
+            failures.clear(CONFIG.report_dir)
         else:
             # Each xdist worker's fp64 references would otherwise start one thread per core:
             # 14 workers on 16 cores ran 14 x 16 threads and spent the GPU run waiting on them.
@@ -429,7 +460,7 @@ class Session:
         keep = [i for i in items if not self.user_implementations()
                 or i.get_closest_marker(CHECK) or i.get_closest_marker(IMPL)]
         if self.shard is not None:
-            from tritoncheck.report_shards import shard_of
+            from tritoncheck.report.shards import shard_of
             keep = [i for i in keep if shard_of(i.nodeid, self.shard[1]) == self.shard[0]]
         if len(keep) < len(items):
             config.hook.pytest_deselected(items=[i for i in items if i not in keep])
@@ -445,7 +476,12 @@ class Session:
             if key == unrunnable.PROPERTY:
                 self.unrunnable.setdefault(value[0], value[1])
             if key == CRASH_PROPERTY:
-                self.crashes[report.nodeid.partition("[")[2].rstrip("]")] = value
+                from tritoncheck.report import failures
+                test = report.nodeid.partition("[")[2].rstrip("]")
+                self.crashes[test] = value
+                self.failures.setdefault(test, failures.of_crash(test, value, CONFIG.report_dir))
+        if getattr(report, FAILURE_ATTRIBUTE, None):  # the first: a teardown error keeps the call's failure
+            self.failures.setdefault(report.nodeid.partition("[")[2].rstrip("]"), getattr(report, FAILURE_ATTRIBUTE))
         self._record_verdict(report)
         if report.when == "call" or (report.when == "setup" and report.skipped):
             if report.skipped:
@@ -493,28 +529,31 @@ class Session:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
+        suite_only = False
+        if call.excinfo is not None and item.get_closest_marker(CHECK) and not item.config.getoption("fulltrace"):
+            suite_only = _hide_suite_frames(call.excinfo)
         report = (yield).get_result()
+        if suite_only and report.failed:
+            # the check's own verdict (a value off, too few examples): its message says it all
+            # (the worst element, the case, the replay); the suite's source would not
+            report.longrepr = "".join(traceback.format_exception_only(call.excinfo.type, call.excinfo.value)).rstrip()
         ended = call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(unrunnable.Unrunnable)
         if ended:
             _report_unrunnable(call.excinfo.value, report, item)
         elif call.when == "call" and item.get_closest_marker(CHECK):
             from tritoncheck import harness
             harness.account_refusals(item.callspec.params["target"], call.excinfo, report, item)
+        if report.failed and call.excinfo is not None and item.get_closest_marker(CHECK):
+            from tritoncheck.report import failures
+            # an attribute of the report: xdist carries it to the controller with the report
+            setattr(report, FAILURE_ATTRIBUTE, failures.of_exception(item.callspec.params["target"],
+                                                                     call.excinfo.value, CONFIG.report_dir))
         if call.when == "call" and report.failed and self.cuda_broken_by is None and self.backend == "cuda":
             import torch
             try:
                 torch.cuda.synchronize()  # returns the sticky error if the context is broken
             except Exception as exc:  # noqa: BLE001 - torch's class for it varies by version
                 self.cuda_broken_by = f"{item.nodeid} ({type(exc).__name__}: {str(exc).splitlines()[0]})"
-
-    @staticmethod
-    def _unrunnable_section(tr, verdicts: dict[str, str]) -> None:
-        if not verdicts:
-            return
-        tr.section("implementations that raise the same error on every input")
-        for line, text in verdicts.items():
-            tr.write_line(line, red=True)
-            tr.write_line(text.partition("\n")[2])
 
     def pytest_runtest_setup(self, item):
         if self.cuda_broken_by:
@@ -539,10 +578,11 @@ class Session:
                 "shapes": CONFIG.shapes, "shape_classes": CONFIG.shape_classes,
                 "autotune_config": CONFIG.autotune_config,
                 "shard": "{}/{}".format(*self.shard) if self.shard else None}
-        from tritoncheck import report_files
+        from tritoncheck.report import files
         self.report = report.build(CONFIG.report_dir, self.skipped, meta, limits=self._declared_limits(),
-                                   verdicts=self.verdicts, crashes=self.crashes)
-        report_files.write(CONFIG.report_dir, self.report)
+                                   verdicts=self.verdicts, crashes=self.crashes,
+                                   failures=list(self.failures.values()))
+        files.write(CONFIG.report_dir, self.report)
         if self.user_implementations() and self.counted == 0 and exitstatus in (0, 5):
             # Every check of the user's implementation was skipped: nothing was verified.
             self.nothing_checked = True
@@ -554,46 +594,5 @@ class Session:
         return {f"{t.op.name}-{t.impl.name}": t.impl.limits.describe() for t in harness.targets() if t.impl.limits}
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
-        if self.report is None:
-            return
-        from tritoncheck import report
-        tr, data = terminalreporter, self.report
-        self._unrunnable_section(tr, self.unrunnable)
-        refused = report.refusal_lines(data)
-        if refused:
-            tr.section("refusals per op and dtype")
-            for line in refused:
-                tr.write_line(line, yellow=True)
-        if self.kills:
-            tr.section("mutation self-test")
-            for line in _kill_summary(self.kills):
-                tr.write_line(line)
-        if not data["outputs"] and not self.skipped and not data["statistical"]["tests"] and not data["crashes"]:
-            return
-        from tritoncheck.report_summary import summary_text
-        if summary_text(data):
-            tr.section("tritoncheck summary")
-            tr.write_line(summary_text(data))
-        if data["crashes"]:
-            tr.write_line(f"{len(data['crashes'])} check(s) took their worker process down (failed; the case and "
-                          f"its replay are in each failure above): {', '.join(data['crashes'])}", red=True)
-        tr.section("tolerance report")
-        if data["outputs"]:
-            tr.write_line(report.table(data))
-        discards = report.discard_table(data)
-        if discards:
-            tr.write_line("")
-            tr.write_line(f"examples that did not count (refused, vacuous, or over {report.DISCARD_SHOWN:.0%} "
-                          "discarded by assume):")
-            tr.write_line(discards)
-        for line in report.vacuous_lines(data):
-            tr.write_line(line)
-        for name, text in sorted(data.get("limits", {}).items()):
-            tr.write_line(f"declared limits of {name}: {text}")
-        for line in (report.timing_line(data), report.gpu_line(data), report.statistical_line(data)):
-            if line:
-                tr.write_line(line)
-        tr.write_line(f"full report: {CONFIG.report_dir / 'report.html'} (also .md, .json)")
-        if self.nothing_checked:
-            tr.write_line("ERROR: no check could run on the implementation(s) given with --impl "
-                          "(every one was skipped); nothing was verified", red=True)
+        from tritoncheck import terminal
+        terminal.end_of_run(terminalreporter, self, CONFIG.report_dir, live=config.getoption("--live-verdicts"))

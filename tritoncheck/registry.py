@@ -14,11 +14,13 @@ says with attributes on the function; the suite skips those with the reason.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import importlib.machinery
 import inspect
 import pkgutil
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -311,7 +313,7 @@ class Implementation:
         attributes: ``dtypes``, ``supports_backward``, ``expected_failures``, ``limits``, ...)."""
         load()
         if op not in OPS:
-            raise ValueError(f"unknown op {op!r}; known ops: {', '.join(sorted(OPS))}")
+            raise unknown_op(op)
         spec = OPS[op]
         name = name or getattr(fn, "__name__", None) or getattr(fn, "name", "impl")
         owner = target or _target_of(fn) or name
@@ -404,6 +406,15 @@ def register(spec: OpSpec) -> OpSpec:
     return spec
 
 
+def unknown_op(op: str) -> ValueError:
+    """The usage error for a name the registry has no op of: the closest op, and every one."""
+    close = difflib.get_close_matches(op, list(OPS), n=1)
+    return ValueError(f"unknown op {op!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                      + f"; known ops: {', '.join(sorted(OPS))}. An op of your own is defined with @tritoncheck.op "
+                      "in a module the run imports: --op-module MODULE, OP written as module:op, or "
+                      "[tool.tritoncheck] op-modules in pyproject.toml (docs/your-op.md)")
+
+
 def modules_of(package: str) -> tuple[str, ...]:
     """The modules of one of the suite's packages, by name: the op families are found, not listed."""
     found = importlib.import_module(package)
@@ -426,8 +437,8 @@ def resolve(target: str) -> Callable:
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import {module_name!r} ({exc}); is it on PYTHONPATH or in the current directory?") from exc
+    except Exception as exc:  # noqa: BLE001 - whatever the module raised, the user is told where
+        raise ValueError(_import_failure(target, exc)) from exc
     _refuse_shadowed(target, module)
     fn = module
     for part in attr.split("."):
@@ -437,6 +448,31 @@ def resolve(target: str) -> Callable:
     if not callable(fn):
         raise ValueError(f"{target!r} is a {type(fn).__name__}, not a callable")
     return fn
+
+
+def _import_failure(target: str, exc: Exception) -> str:
+    """Why ``target``'s module did not import, and what to do: the module (or a package on
+    its path) is not found, or one of the suite's folders shadows that package (a checkout
+    first on sys.path), or the module was found and its own code raised (an import inside
+    it that fails: the error, and where)."""
+    module_name = target.partition(":")[0]
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if missing and (module_name == missing or module_name.startswith(f"{missing}.")):
+        parent = missing.rpartition(".")[0]
+        found = sys.modules.get(parent) if parent else None
+        where = Path(getattr(found, "__file__", None) or "").resolve()
+        if found is not None and not module_name.startswith("tritoncheck.") \
+                and any(where.is_relative_to(f) for f in _suite_folders()):
+            return (f"cannot import {module_name!r}: {parent!r} is the suite's own {where.parent}"
+                    f"{_found_elsewhere(parent)}. The suite's checkout comes first on sys.path here and its "
+                    f"{parent.split('.')[0]}/ shadows yours: run `tritoncheck OP=module:function` from your "
+                    "project's directory (or pytest there with tritoncheck installed), or rename your package")
+        return (f"cannot import {module_name!r}: no module named {missing!r}; is it on PYTHONPATH or in the current "
+                f"directory ({Path.cwd()})?")
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename]
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return (f"importing {module_name!r} for {target} failed inside it: {type(exc).__name__}: {exc}{where}; "
+            "the module was found, its own code raised")
 
 
 def _suite_folders() -> tuple[Path, ...]:
@@ -459,15 +495,21 @@ def _refuse_shadowed(target: str, module) -> None:
         return
     suite_root = _suite_folders()[0].parent
     top = module_name.split(".")[0]
+    raise ValueError(
+        f"--impl {target}: {module_name!r} resolved to the suite's own {path}, not to your code"
+        f"{_found_elsewhere(top)}. The suite's checkout ({suite_root}) comes first on sys.path here and its {top}/ "
+        "shadows yours: run `tritoncheck OP=module:function` from your project's directory (or pytest there with "
+        "tritoncheck installed), or rename your package.")
+
+
+def _found_elsewhere(package: str) -> str:
+    """Where ``package``'s top-level name is found on sys.path past the suite's checkout, in words."""
+    suite_root = _suite_folders()[0].parent
+    top = package.split(".")[0]
     others = [Path(entry or ".").resolve() for entry in sys.path if Path(entry or ".").resolve() != suite_root]
     spec = importlib.machinery.PathFinder.find_spec(top, [str(p) for p in others])
-    yours = (f"; the package {top!r} found elsewhere on sys.path is {spec.origin or spec.submodule_search_locations[0]}"
-             if spec is not None else "")
-    raise ValueError(
-        f"--impl {target}: {module_name!r} resolved to the suite's own {path}, not to your code{yours}. "
-        f"The suite's checkout ({suite_root}) comes first on sys.path here and its {top}/ shadows yours: run "
-        "`tritoncheck OP=module:function` from your project's directory (or pytest there with tritoncheck "
-        "installed), or rename your package.")
+    return (f"; the package {top!r} found elsewhere on sys.path is {spec.origin or spec.submodule_search_locations[0]}"
+            if spec is not None else "")
 
 
 def register_implementation(op: str, fn: Callable | str, name: str | None = None) -> Implementation:
@@ -477,16 +519,34 @@ def register_implementation(op: str, fn: Callable | str, name: str | None = None
     """
     load()
     if op not in OPS:
-        raise ValueError(f"unknown op {op!r}; known ops: {', '.join(sorted(OPS))}. An op of your own is defined with "
-                         "@tritoncheck.op in a module the run imports: --op-module MODULE, OP written as module:op, "
-                         "or [tool.tritoncheck] op-modules in pyproject.toml (docs/your-op.md)")
+        raise unknown_op(op)
     label = fn if isinstance(fn, str) else None
     if isinstance(fn, str):
         fn = resolve(fn)
     impl = Implementation.of(op, fn, name=name or (label.rpartition(":")[2] if label else None), kind="user",
                              target=label)
-    _user_impls.setdefault(op, []).append(impl)
+    impls = _user_impls.setdefault(op, [])
+    # an earlier clash named its implementations by path: a third of that name clashes too
+    same = [i for i in impls if i.name == impl.name
+            or (i.target and i.name == i.target.replace(":", ".") and i.target.rpartition(":")[2] == impl.name)]
+    if any(i.fn is impl.fn for i in same):
+        return next(i for i in same if i.fn is impl.fn)  # named twice: one implementation, checked once
+    if same:
+        # two functions of one name from different modules (a kernel and its fix, two libraries'):
+        # each is named by its import path, so that their tests, report rows and replay files
+        # stay apart (pytest would number the ids, and the report would merge their rows)
+        if name is not None:
+            raise ValueError(f"register_implementation({op!r}, ..., name={name!r}): that name is already "
+                             f"{same[0].target or same[0].name}'s; give each implementation its own")
+        impls[:] = [_named_by_path(i) if i.name == impl.name else i for i in impls]
+        impl = _named_by_path(impl)
+    impls.append(impl)
     return impl
+
+
+def _named_by_path(impl: Implementation) -> Implementation:
+    path = (impl.target or _target_of(impl.fn) or "").replace(":", ".")
+    return dataclasses.replace(impl, name=path or f"{impl.name}.{id(impl.fn):x}")
 
 
 def user_implementations() -> dict[str, list[Implementation]]:

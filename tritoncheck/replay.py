@@ -6,6 +6,10 @@
 The file, written by the suite when a check fails, holds the check's name, the
 implementation's import path and the case (shapes, layouts, dtype, value family,
 seed, injected values): inputs are rebuilt bit for bit from it.
+
+Exit status: 0 the case passes now; 1 it fails; 2 the file is not a replay file or the
+implementation does not import; 3 the case is outside the check's domain for the
+implementation given.
 """
 from __future__ import annotations
 
@@ -24,7 +28,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the check, the implementation and the case in words, and run nothing (a case "
                              "that crashed its process can be read before it is run again)")
     args = parser.parse_args(argv)
-    data = json.loads(open(args.file).read())
+    try:
+        data = json.loads(open(args.file).read())
+    except (OSError, ValueError) as exc:
+        data = f"{type(exc).__name__}: {exc}"
+    if not isinstance(data, dict) or not {"check", "case"} <= set(data):
+        print(f"{args.file}: not a replay file ({data if isinstance(data, str) else 'no check and case'})",
+              file=sys.stderr)
+        return 2
     if args.describe:
         from tritoncheck.strategies import Case
         print(f"{data['check']} of {data.get('impl_name')} ({data.get('impl')}) on {data.get('backend')}:\n"
@@ -47,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     if not target:
         print("the file names no importable implementation; pass --impl module:function", file=sys.stderr)
         return 2
-    impl = Implementation.of(case.op, registry.resolve(target), name=data.get("impl_name"), target=target)
+    try:
+        impl = Implementation.of(case.op, registry.resolve(target), name=data.get("impl_name"), target=target)
+    except ValueError as exc:  # an implementation that no longer imports, or declares something wrong
+        print(f"cannot replay with {target}: {exc}", file=sys.stderr)
+        return 2
     check = {c.name: c for c in op.checks}[data["check"]]
     print(f"replaying {check.name} for {impl.name} ({target}) on {backend.current()}:\n{case.describe()}\n")
     from hypothesis.errors import UnsatisfiedAssumption

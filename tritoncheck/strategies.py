@@ -417,8 +417,7 @@ class TensorSpec:
             lay["order"] = tuple(lay["order"])
             d["layout"] = Layout(**lay)
         d["injections"] = tuple((int(i), float(v)) for i, v in d.get("injections", ()))
-        if d.get("domain"):
-            d["domain"] = (d["domain"][0], tuple(d["domain"][1]))
+        d["domain"] = (d["domain"][0], tuple(d["domain"][1])) if d.get("domain") else ()
         return cls(**d)
 
 

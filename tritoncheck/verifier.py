@@ -104,8 +104,10 @@ def verify(op: str, fn: Callable | str, *, budget_s: float = 300.0, seed: int | 
     ``checks`` narrow the targets (names, e.g. ``("float16",)``); ``example_timeout_s``
     is how long one example may run before it counts as a hang. The verdict's
     ``report`` is ``<report_dir>/verdict.json``; failing cases' replay files lie beside it
-    (default report_dir: ``reports/verify-<op>-<seed>``)."""
+    (default report_dir: ``reports/verify-<op>-<seed>``). An unknown ``op``, dtype or check
+    name raises ``ValueError`` (naming the known ones) before anything runs."""
     start = time.monotonic()
+    _check_names(op, dtypes, checks)
     seed = secrets.randbelow(2**32) if seed is None else int(seed)
     folder = Path(report_dir) if report_dir is not None else Path("reports") / f"verify-{op}-{seed}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -125,6 +127,25 @@ def verify(op: str, fn: Callable | str, *, budget_s: float = 300.0, seed: int | 
     data["report"] = str(verdict.report)
     verdict.report.write_text(json.dumps(data, indent=1))
     return verdict
+
+
+def _check_names(op: str, dtypes, checks) -> None:
+    """A misspelt op, dtype or check is the caller's error (a ValueError naming the known ones
+    and the closest), not a verdict on the kernel."""
+    import difflib
+
+    from tritoncheck import registry
+    if op not in registry.load():
+        raise registry.unknown_op(op)
+    spec = registry.OPS[op]
+    for what, given, known in (("dtype", dtypes, [str(d).replace("torch.", "") for d in spec.dtypes]),
+                               ("check", checks, [c.name for c in spec.checks])):
+        for name in given or ():
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                raise ValueError(f"verify({op!r}, ...): unknown {what} {name!r}"
+                                 + (f" (did you mean {close[0]!r}?)" if close else "")
+                                 + f"; {op}'s {what}s: {', '.join(known)}")
 
 
 def _import_path(fn) -> tuple[str | None, Callable | None]:
@@ -250,8 +271,8 @@ def _stopped(job: dict, in_flight, ending: str, message: str) -> Failure:
 def _child_main(conn, job: dict) -> None:
     """The spawned child: every (dtype, check) target of the job in turn, a message per
     example and per target, stop at the first failure. An error before the first target
-    (an unknown op, an implementation that does not import or declares something wrong)
-    is the verdict's failure, with its message."""
+    (an implementation that does not import or declares something wrong) is the verdict's
+    failure, with its message."""
     try:
         targets = _targets_of(job)
     except Exception as exc:  # noqa: BLE001 - the parent reports it; the child has nothing else to do

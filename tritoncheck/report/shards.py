@@ -6,7 +6,7 @@ node id (``tests/test_checks.py::test_check[softmax-triton-float16-matches_refer
 the same on every machine, in every Python process (no hash seed) and whatever order
 the tests are collected or run in, so the N shards of a CI matrix cover every test once.
 
-The merged report is built by the same function as a run's (``report.assemble``) from
+The merged report is built by the same function as a run's (``tritoncheck.report.assemble``) from
 the shards' raw records (their ``rows``, per-test counts, verdicts and coverage), so its
 figures are those of the unsharded run on the same seed: each test ran in one shard, and
 its examples are the same wherever it ran (the ``ci`` profile is derandomized; pass the
@@ -41,13 +41,13 @@ def merge(reports: list[dict]) -> dict:
 
     Refused: reports of different runs (backend, profile, tolerance or shard count
     differ), two reports of the same shard, and a test reported by two shards."""
-    from tritoncheck import report
+    from tritoncheck.report import assemble
     if not reports:
         raise ValueError("report merge: no report given")
     for i, r in enumerate(reports):
         if "rows" not in r:
             raise ValueError(f"report merge: report {i + 1} has schema {r.get('schema_version')}, without rows; "
-                             f"merge needs schema {report.SCHEMA_VERSION} (a run of this version)")
+                             f"merge needs schema {assemble.SCHEMA_VERSION} (a run of this version)")
     same = ("backend", "profile", "tolerance", "device")
     first = reports[0]["meta"]
     for r in reports[1:]:
@@ -60,13 +60,14 @@ def merge(reports: list[dict]) -> dict:
     per_test: dict[str, dict] = {"examples": {}, "invalid": {}, "refused": {}, "undeclared": {}}
     keys = {"examples": "examples_per_test", "invalid": "invalid_per_test", "refused": "refusals_per_test",
             "undeclared": "undeclared_refusals_per_test"}
-    rows, skipped, limits, verdicts, coverage, timing, gpu, crashes = [], [], {}, {}, {}, {}, {}, {}
+    rows, skipped, failures, limits, verdicts, coverage, timing, gpu, crashes = [], [], [], {}, {}, {}, {}, {}, {}
     for r in reports:
         twice = set(verdicts) & set(r.get("verdicts", {}))
         if twice:
             raise ValueError(f"report merge: {len(twice)} test(s) reported by two shards, e.g. {sorted(twice)[0]}")
         rows += r["rows"]
         skipped += r.get("skipped", [])
+        failures += r.get("failures", [])
         for key, name in keys.items():
             per_test[key].update(r.get(name, {}))
         limits.update(r.get("limits", {}))
@@ -77,13 +78,13 @@ def merge(reports: list[dict]) -> dict:
         gpu.update(r.get("gpu_per_test", {}))
     meta = {k: v for k, v in first.items() if k != "shard"}
     meta["merged_from"] = [s or "whole run" for s in shards]
-    return report.assemble(rows, per_test, meta=meta, skipped=skipped, limits=limits, verdicts=verdicts,
-                           coverage=coverage, timing=timing, gpu=gpu, crashes=crashes)
+    return assemble.assemble(rows, per_test, meta=meta, skipped=skipped, limits=limits, verdicts=verdicts,
+                             coverage=coverage, timing=timing, gpu=gpu, crashes=crashes, failures=failures)
 
 
 def merge_files(paths: list[Path], out: Path) -> dict:
     """Merge report.json files into ``out`` (a folder: report.json, .md and .html)."""
-    from tritoncheck import report_files
+    from tritoncheck.report import files
     merged = merge([json.loads(Path(p).read_text()) for p in paths])
-    report_files.write(out, merged)
+    files.write(out, merged)
     return merged

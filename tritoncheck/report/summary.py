@@ -7,7 +7,7 @@ never reached. The terminal prints these lines; report.md opens with them, and
 ``python -m tritoncheck report summary`` writes them for a CI step summary.
 
 Every figure shown is finite: errors are in ulps at the output's scale (per tensor,
-``tritoncheck.report.ulps_at_scale``), relative errors only over the elements where they
+``tritoncheck.report.collect.ulps_at_scale``), relative errors only over the elements where they
 are defined (``Comparison.max_rel_counted``), PyTorch's ratio only where PyTorch's own
 error is nonzero. What a figure alone would mislead on (an error far above the output's
 rounding, an output that was never wrong because it was never exercised) gets a note
@@ -73,31 +73,39 @@ def _case_words(row: dict) -> str:
     return f"{row['check']} on {coverage.regime(row['case'])} ({shapes})"
 
 
-def notes_for(output: dict, rows: list[dict], tally: dict | None) -> list[str]:
-    """Why an output's figures read as they do, where the figure alone would mislead."""
+def notes_for(output: dict, rows: list[dict], tally: dict | None) -> list[tuple[str, str]]:
+    """Why an output's figures read as they do, where the figure alone would mislead: per
+    note, a few words for the output's row of the table, and the note naming the case."""
     from tritoncheck import tolerance
     from tritoncheck.strategies import dtype_from_name
     name = f"{output['op']}/{output['impl']}/{output['dtype']}/{output['output']}"
     notes = []
     if rows and all(r["max_abs"] == 0 for r in rows):
         seen = coverage.largest_line(tally) if tally else "coverage not recorded"
-        notes.append(f"{name}: 0 error in all {len(rows)} examples: exact there, or not exercised ({seen})")
+        notes.append(("0 error: exact, or not exercised",
+                      f"{name}: 0 error in all {len(rows)} examples: exact there, or not exercised ({seen})"))
     big = [r for r in rows if r["passed"] and r.get("ulp_at_scale") is not None
            and math.isfinite(r["ulp_at_scale"]) and r["ulp_at_scale"] > ULP_NOTE]
     if big:
         top = max(big, key=lambda r: r["ulp_at_scale"])
         ulp = float(tolerance.ulp(np.array([max(top["scale"], 1e-300)]), dtype_from_name(output["dtype"]))[0])
+        near_zero = top["scale"] <= top["allowed_at_worst"]
+        tag = ("expected ~0 (within its allowance of 0): its ulps measure nothing" if near_zero else
+               "ulps past 1e6 allowed: the inputs' magnitudes set the allowance (it cancels)")
         why = (f"the whole expected output ({top['scale']:.3g} at most) is smaller than its allowance "
                f"({top['allowed_at_worst']:.3g}): zero up to cancellation (a constant upstream gradient, equal "
-               "scores), so its own ulp measures nothing" if top["scale"] <= top["allowed_at_worst"] else
+               "scores), so its own ulp measures nothing" if near_zero else
                "the rule charges the inputs' magnitudes, far above the output's own (a result that cancels)")
-        notes.append(f"{name}: {top['ulp_at_scale']:.3g} ulp of the output's scale {top['scale']:.3g} on "
-                     f"{_case_words(top)}, within its allowance ({top['allowed_at_worst'] / ulp:.3g} ulp there, "
-                     f"headroom {top['headroom']:.3g}): {why}; {len(big)} passing example(s) past {ULP_NOTE:.0e} ulp")
+        notes.append((f"{tag}, {len(big)} ex.",
+                      f"{name}: {top['ulp_at_scale']:.3g} ulp of the output's scale {top['scale']:.3g} on "
+                      f"{_case_words(top)}, within its allowance ({top['allowed_at_worst'] / ulp:.3g} ulp there, "
+                      f"headroom {top['headroom']:.3g}): {why}; {len(big)} passing example(s) past {ULP_NOTE:.0e} "
+                      "ulp"))
     zero = [r for r in rows if r.get("scale", 1.0) == 0 and r["max_abs"] > 0]
     if zero:
-        notes.append(f"{name}: {len(zero)} example(s) expected all zeros (e.g. {_case_words(zero[0])}): the "
-                     "error there is in ulps at the smallest scale that counts (tritoncheck/oracle.py floors)")
+        notes.append((f"expected all 0 in {len(zero)} ex.: ulps at the floor",
+                      f"{name}: {len(zero)} example(s) expected all zeros (e.g. {_case_words(zero[0])}): the "
+                      "error there is in ulps at the smallest scale that counts (tritoncheck/oracle.py floors)"))
     return notes
 
 
@@ -111,7 +119,8 @@ def summary(report: dict) -> list[dict]:
     for o in report["outputs"]:
         rows = rows_of.get((o["op"], o["impl"], o["dtype"], o["backend"], o["output"]), [])
         check = o["closest_case"]["check"]
-        o["notes"] = notes_for(o, rows, cov.get(f"{o['op']}-{o['impl']}-{o['dtype']}-{check}"))
+        found = notes_for(o, rows, cov.get(f"{o['op']}-{o['impl']}-{o['dtype']}-{check}"))
+        o["note_tags"], o["notes"] = [tag for tag, _ in found], [text for _, text in found]
     verdicts = report.get("verdicts") or {}
     skipped = {check_id(s["test"]) for s in report.get("skipped", [])}
     tests = set(verdicts) | set(report.get("examples_per_test", {})) | skipped
@@ -182,9 +191,12 @@ def torch_cell(entry: dict) -> str:
     return "-"
 
 
-def verdict_cell(entry: dict) -> str:
-    text = f"{entry['passed']}/{entry['failed']}/{entry['skipped']}"
-    return text + (f" failed: {', '.join(entry['failed_checks'])}" if entry["failed_checks"] else "")
+def verdict_cell(entry: dict, named: int | None = None) -> str:
+    """passed/failed/skipped, and the failed checks (the first ``named`` of them, if given)."""
+    checks = entry["failed_checks"]
+    if named is not None and len(checks) > named:
+        checks = [*checks[:named], f"+{len(checks) - named} more"] if named else []
+    return f"{entry['passed']}/{entry['failed']}/{entry['skipped']}" + (f" failed: {', '.join(checks)}" if checks else "")
 
 
 def _share(v: float | None) -> str:
@@ -195,33 +207,52 @@ COLUMNS = ("op", "impl", "dtype", "pass/fail/skip", "worst headroom (check/outpu
            "vs torch (max)", "vacuous", "not exercised")
 
 
-def summary_cells(entry: dict) -> list[str]:
+def summary_cells(entry: dict, named: int | None = None) -> list[str]:
     worst = (f"{headroom_cell(entry['worst_headroom'])} ({entry['worst_at']})"
              if entry["worst_headroom"] is not None else "- (no reference check recorded)")
-    return [entry["op"], entry["impl"], entry["dtype"], verdict_cell(entry), worst, ulp_cell(entry["typical_ulp"]),
+    return [entry["op"], entry["impl"], entry["dtype"], verdict_cell(entry, named), worst, ulp_cell(entry["typical_ulp"]),
             torch_cell(entry), _share(entry["vacuous_share"]), entry["not_exercised"]]
 
 
-def summary_text(report: dict) -> str:
-    """The summary as the terminal prints it: aligned columns, one line per op x impl x dtype."""
+def summary_text(report: dict, named: int | None = None) -> str:
+    """The summary as the terminal prints it: aligned columns, one line per op x impl x dtype
+    (``named``: how many failed checks a line names)."""
     entries = report.get("summary") or []
     if not entries:
         return ""
-    table = [list(COLUMNS)] + [summary_cells(e) for e in entries]
+    table = [list(COLUMNS)] + [summary_cells(e, named) for e in entries]
     widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1] for row in table]
     lines.insert(1, "-" * min(160, len(lines[0])))
     return "\n".join(lines)
 
 
+def run_line(report: dict) -> str:
+    """What ran, in words: the backend and device, the profile and the settings that narrow
+    it, the versions and when (the report's ``meta`` and ``created``)."""
+    m = report.get("meta", {})
+    parts = [f"{m.get('backend')} backend on {m.get('device')}", f"profile {m.get('profile')}"]
+    if m.get("tolerance", "derived") != "derived":
+        parts.append(f"tolerance {m['tolerance']}")
+    if m.get("shapes"):
+        parts.append(f"specialised dims from a pool of {m['shapes']} sizes"
+                     + (f" in {m['shape_classes']} power-of-two class(es)" if m.get("shape_classes") else ""))
+    if m.get("autotune_config") is not None:
+        parts.append(f"declared autotuned kernels at config {m['autotune_config']}")
+    if m.get("shard"):
+        parts.append(f"shard {m['shard']}")
+    if m.get("merged_from"):
+        parts.append(f"merged from {', '.join(m['merged_from'])}")
+    versions = ", ".join(f"{name} {m[name]}" for name in ("torch", "triton") if m.get(name))
+    return ", ".join(parts) + (f"; {versions}" if versions else "") + (f"; {report['created']}" if report.get("created")
+                                                                       else "")
+
+
 def summary_markdown(report: dict, title: str = "## Summary") -> str:
     """The summary as a Markdown table (report.md's first section; GitHub's step summary)."""
     entries = report.get("summary") or []
-    m = report.get("meta", {})
-    lines = [title, "", f"Backend `{m.get('backend')}`, profile `{m.get('profile')}`, device {m.get('device')}"
-             + (f", shard {m['shard']}" if m.get("shard") else "") + ". Typical ulp: the median over examples of "
-             "the largest error in ulps of the output dtype at the output's scale (per tensor). Columns: "
-             "docs/report-schema.md.", ""]
+    lines = [title, "", f"{run_line(report)}. Typical ulp: the median over examples of the largest error in ulps of "
+             "the output dtype at the output's scale (per tensor). Columns: docs/report-schema.md.", ""]
     if not entries:
         return "\n".join(lines + ["No check ran."]) + "\n"
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]

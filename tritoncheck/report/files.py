@@ -1,12 +1,12 @@
 """The report's three files: ``report.json`` (the data, ``docs/report-schema.md``),
-``report.md`` (tritoncheck/report.py) and ``report.html`` (tritoncheck/report_html.py)."""
+``report.md`` (``markdown``) and ``report.html`` (``html_page``)."""
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
 
-from tritoncheck import report, report_html
+from tritoncheck.report import html_page, markdown
 
 
 def _finite_or_null(output: dict) -> dict:
@@ -23,5 +23,5 @@ def write(folder: Path, data: dict) -> None:
                        for k, v in data.items() if k != "rows"}, indent=1)
     rows = ",\n".join(json.dumps(r) for r in data.get("rows", []))
     (folder / "report.json").write_text(f'{head[:-2]},\n "rows": [\n{rows}\n ]\n}}\n')
-    (folder / "report.md").write_text(report.markdown(data))
-    (folder / "report.html").write_text(report_html.page(data))
+    (folder / "report.md").write_text(markdown.markdown(data))
+    (folder / "report.html").write_text(html_page.page(data))

@@ -35,7 +35,7 @@ def _h(v: float) -> float:
 
 
 def _impls(report: dict) -> dict[str, set[str]]:
-    from tritoncheck.report_summary import parse_test
+    from tritoncheck.report.summary import parse_test
     out: dict[str, set[str]] = {}
     for o in report["outputs"]:
         out.setdefault(o["op"], set()).add(o["impl"])
@@ -56,7 +56,7 @@ def paired_impls(a: dict, b: dict) -> dict[tuple[str, str], str]:
 
 def _as_a(b: dict, pairs: dict[tuple[str, str], str]) -> dict:
     """B with its implementations named as A's (:func:`paired_impls`)."""
-    from tritoncheck.report_summary import parse_test
+    from tritoncheck.report.summary import parse_test
     if not pairs:
         return b
 

@@ -12,15 +12,33 @@ import html
 import json
 import math
 
-from tritoncheck import report as rp
 from tritoncheck.coverage import largest_line
-from tritoncheck.report_summary import COLUMNS, summary_cells
+from tritoncheck.report import markdown as rp
+from tritoncheck.report.assemble import ROUNDING_NOTE
+from tritoncheck.report.summary import COLUMNS, run_line, summary_cells
 
 
 def _table(head, rows) -> str:
     esc = html.escape
     return ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in head) + "</tr>"
             + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
+
+
+def _failures(records: list[dict]) -> list[str]:
+    """Every failed check: its message, where it was raised, the case in words, the replay."""
+    if not records:
+        return []
+    esc = html.escape
+    items = []
+    for f in records:
+        impl = esc(f["impl"]) + (f" (<code>{esc(f['impl_target'])}</code>)" if f.get("impl_target") else "")
+        items.append(f"<li><code>{esc(f['test'])}</code>: {esc(f['check'])} of {impl} in {esc(f['dtype'])}, "
+                     f"{esc(f['kind'])}<pre>{esc(f['message'])}</pre>"
+                     + (f"<p>raised at <code>{esc(f['raised_at'])}</code></p>" if f.get("raised_at") else "")
+                     + (f"<p>case:</p><pre>{esc(f['case'])}</pre>" if f.get("case") else "")
+                     + (f"<p>replay: <code>{esc(f['replay'])}</code></p>" if f.get("replay") else "") + "</li>")
+    return [f"<h2>Failures ({len(records)})</h2><p>Each replay command runs from the directory the run ran in; "
+            "its files are in <code>failures/</code> beside this page.</p><ul>" + "".join(items) + "</ul>"]
 
 
 def plot_data(report: dict) -> list[dict]:
@@ -37,7 +55,7 @@ def page(report: dict) -> str:
     title = f"Tolerance report: {m.get('backend')}, {m.get('device')}"
     sections = [
         f"<h1>{esc(title)}</h1>",
-        f"<p><small>{esc(json.dumps(m))} &middot; {esc(report['created'])}</small></p>",
+        f"<p>{esc(run_line(report))}</p>",
         "<h2>Summary (one line per op x implementation x dtype)</h2>",
         _table(COLUMNS, [summary_cells(e) for e in summary]) if summary else "<p>No check ran.</p>",
         "<p><small>pass/fail/skip: the checks' verdicts; worst headroom: largest error / allowance over the "
@@ -45,6 +63,7 @@ def page(report: dict) -> str:
         "output dtype at the output's scale; vs torch: the kernel's error / plain PyTorch's where PyTorch's is "
         "nonzero; vacuous: counted elements whose allowance reached |expected|. docs/report-schema.md.</small></p>",
     ]
+    sections += _failures(report.get("failures") or [])
     crashes = report.get("crashes") or {}
     if crashes:
         sections.append("<h2>Crashed workers</h2><ul>" + "".join(
@@ -67,16 +86,16 @@ def page(report: dict) -> str:
                [(test, str(t.get("examples", 0)), largest_line(t), ", ".join(t.get("layouts", [])),
                  ", ".join(t.get("dtypes", [])), ", ".join(t.get("families", [])))
                 for test, t in (report.get("coverage_per_test") or {}).items()]),
-        f"<h2>Vacuous elements</h2><p>{esc(rp._vacuity_line(report))}</p>",
-        "<h2>Examples run (Hypothesis)</h2><div>" + esc(rp._examples_line(report)).replace("`", "")
+        f"<h2>Vacuous elements</h2><p>{esc(rp.vacuity_line(report))}</p>",
+        "<h2>Examples run (Hypothesis)</h2><div>" + esc(rp.examples_line(report)).replace("`", "")
         + (f"<pre>{esc(rp.discard_table(report))}</pre>" if rp.discard_rows(report) else "")
         + "".join(f"<p>limits of <code>{esc(k)}</code>: {esc(v)}</p>" for k, v in sorted(report.get("limits", {}).items()))
         + f"<p>False alarms: {esc(rp.statistical_line(report) or 'no statistical check ran')}; "
-        f"{esc((report.get('statistical') or {}).get('rounding', rp.ROUNDING_NOTE))}.</p></div>",
+        f"{esc((report.get('statistical') or {}).get('rounding', ROUNDING_NOTE))}.</p></div>",
         "<h2>Compile and autotune time (first example vs the median of the others)</h2>",
         _table(("test", "examples", "first (s)", "median of the others (s)", "total (s)"),
-               [(t, str(v["examples"]), f"{v['first_s']:.2f}", rp._fmt(v["median_rest_s"], ".3f"), f"{v['total_s']:.1f}")
-                for t, v in rp._slowest_first_examples(report)]),
+               [(t, str(v["examples"]), f"{v['first_s']:.2f}", rp.fmt(v["median_rest_s"], ".3f"), f"{v['total_s']:.1f}")
+                for t, v in rp.slowest_first_examples(report)]),
         "<h2>Skipped and expected failures</h2><ul>" + "".join(
             f"<li><code>{esc(s['test'])}</code> {esc(s['outcome'])}: {esc(s['reason'])}</li>" for s in report["skipped"])
         + "</ul>",
