@@ -68,13 +68,24 @@ def test_keyword_only_var_keyword_and_positional_names_bind_as_python_binds_them
     assert args == [1, 2, 3, True] and kwargs == {}
 
 
-def test_a_binding_error_on_a_case_the_signature_can_take_is_a_failure_not_a_refusal():
-    def needs_a_mask(q, k, v, causal=False, sm_scale=None, *, mask):
-        return q
-
-    impl = Implementation.of("attention", needs_a_mask)
-    with pytest.raises(TypeError, match="mask"):  # a TypeError out of the binding, never Refused
-        impl.call({"q": 1, "k": 2, "v": 3, "causal": True, "sm_scale": None}, ("q", "k", "v", "causal", "sm_scale"))
+@pytest.mark.parametrize("fn, binding", [
+    (lambda q, k, v, causal=False, sm_scale=None, *, mask: q, "missing a required argument: 'mask'"),
+    (lambda q, k: q, "too many positional arguments"),
+    (lambda q, k, v, causal=False, sm_scale=None, extra=None, *more: q, None),  # binds: loaded
+    (lambda q, k, v, causal, sm_scale, *, positions: q, "missing a required argument: 'positions'"),
+])
+def test_a_signature_that_cannot_bind_the_contracts_call_is_refused_when_loaded(fn, binding):
+    """No input can fix it: a TypeError when the implementation is loaded (a usage error
+    under pytest and the command), with Python's binding message, the function's
+    parameters and the op's contract, never a failure (or a refusal) in every test."""
+    if binding is None:
+        assert Implementation.of("attention", fn, name="fine").calling.takes("causal")
+        return
+    with pytest.raises(TypeError) as found:
+        Implementation.of("attention", fn, name="wrong")
+    text = str(found.value)
+    assert binding in text and "cannot be called as the suite calls attention" in text, text
+    assert f"Its parameters: {signature_of(fn)}" in text and OPS["attention"].signature in text, text
 
 
 def test_an_autograd_function_apply_binds_as_its_forward_less_ctx_positionally():

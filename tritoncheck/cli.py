@@ -225,9 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])
     import pytest
     if ns.profile or ns.list_ops:
-        return int(pytest.main(pytest_args(ns, extra)))
-    status = int(pytest.main(pytest_args(ns, extra, "quick")))
+        return exit_status(pytest.main(pytest_args(ns, extra)))
+    status = exit_status(pytest.main(pytest_args(ns, extra, "quick")))
     deep = deep_profile(ns.backend)
+    if status == 2:
+        return status  # a usage error: pytest said what it is
     if status != 0:
         print(f"tritoncheck: the quick profile did not pass (exit status {status}); the {deep} profile is not run. "
               f"Fix what it found, or run --profile {deep} for depth anyway.")
@@ -238,6 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     # registered implementations and the run's settings left by the first
     own = argv[:argv.index("--")] if "--" in argv else argv
     return subprocess.call([sys.executable, "-m", "tritoncheck", *own, "--profile", deep, "--", *extra])
+
+
+def exit_status(pytest_status: int) -> int:
+    """The command's exit status for pytest's: a usage error (pytest's 4: an --impl that does
+    not import or whose signature cannot bind the contract's call, an unknown op) is 2, as
+    argparse's own usage errors are; every other status is pytest's."""
+    return 2 if int(pytest_status) == 4 else int(pytest_status)
 
 
 def deep_profile(chosen_backend: str) -> str:
