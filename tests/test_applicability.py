@@ -244,3 +244,36 @@ def test_a_buggy_variant_of_each_still_fails(tmp_path):
     outcomes, _ = _suite(tmp_path, *names, select="matches_reference")
     for name in names:
         assert outcomes[f"attention-{name}-float32-matches_reference"] == "failed", outcomes
+
+
+# ------------------------------------------------------------------ declared values bind the checks' own calls
+
+def test_a_call_outside_the_declared_values_is_outside_the_limits_wherever_it_comes_from():
+    from tritoncheck.limits import OutsideLimits
+    impl = Implementation.of("attention", impls.sdpa_without_softcap)
+    q = torch.randn(1, 2, 5, 4)
+    values = {"q": q, "k": q, "v": q, "causal": False, "sm_scale": None, "softcap": 512.0}
+    passed = ("q", "k", "v", "causal", "sm_scale", "window", "alibi_slopes", "softcap")
+    with pytest.raises(OutsideLimits, match=r"softcap=512.0, outside its declared limits \(softcap in \[0.0\]\)"):
+        impl.call(values, passed)
+    impl.outputs(impl.call({**values, "softcap": 0.0}, passed))  # inside: called
+
+
+@pytest.mark.parametrize("fn, check, named", [
+    (impls.sdpa_without_softcap, "softcap_large_cap_plain", "softcap="),
+    (impls.sdpa_without_window, "window_equivalences", "window=("),
+])
+def test_a_check_that_passes_its_own_values_is_bound_by_the_declared_domain_or_not_applicable(fn, check, named):
+    """softcap_large_cap_plain calls softcap 512 and window_equivalences a window of Nk keys
+    whatever the case: against a kernel that declares softcap in (0.0,) or no window they are
+    not applicable (skipped with the reason), never a call the kernel said it does not take
+    (which raised NotImplementedError before: a failure)."""
+    from tritoncheck import harness, unrunnable
+    unrunnable.reset()
+    op = OPS["attention"]
+    target = harness.Target(op, Implementation.of("attention", fn), torch.float32,
+                            next(c for c in op.checks if c.name == check))
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        harness._first_draw(target, target.run)
+    assert str(skipped.value).startswith("not applicable: this check calls the implementation with ") \
+        and named in str(skipped.value), str(skipped.value)
