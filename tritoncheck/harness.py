@@ -160,7 +160,7 @@ class Target:
             if not isinstance(exc, AssertionError) and self._records_raised():
                 refused = True
                 self._raised(case, exc)
-            self.record.accept(case)  # it ran: the check judged its outputs
+            self.record.accept(case, keep=self._records_raised())  # it ran: the check judged its outputs
             path = save_failure(self, case)
             note = (f"\n{self.check.name} failed for {self.impl.name} on:\n{case.describe()}\n"
                     f"replay: python -m tritoncheck.replay {path}")
@@ -172,7 +172,7 @@ class Target:
                 exc.add_note(note)
             raise
         else:
-            self.record.accept(case)
+            self.record.accept(case, keep=self._records_raised())
         finally:
             if not broken:
                 devices.release_cache(backend.current())
@@ -225,7 +225,7 @@ class Target:
         not applicable, skipped with the reason."""
         record = self.record
         record.outside += 1
-        if not record.accepted and not record.raised and record.outside >= NOT_APPLICABLE_AFTER:
+        if not record.ran and not record.raised and record.outside >= NOT_APPLICABLE_AFTER:
             pytest.skip(f"not applicable: {exc}")
         reject()
 

@@ -145,12 +145,17 @@ class Record:
     backend: str
     raised: dict[tuple[str, str], Raised] = field(default_factory=dict)
     accepted: list[Case] = field(default_factory=list)
+    ran: int = 0  # examples that ran the check to the end, kept or not
     outside: int = 0  # examples discarded for a call outside the declared limits (harness.Target._outside_limits)
     _seen: set = field(default_factory=set)
 
-    def accept(self, case: Case) -> None:
-        key = ("accepted", case.describe())
-        if key not in self._seen:
+    def accept(self, case: Case, keep: bool = True) -> None:
+        """Count ``case`` as run to the end; ``keep`` it (once) for the verdict's contrast,
+        where its implementation's raised inputs are recorded (not the project's own: their
+        cases would only take memory, hundreds of thousands in a nightly run)."""
+        self.ran += 1
+        key = ("accepted", case.describe()) if keep else None
+        if keep and key not in self._seen:
             self._seen.add(key)
             self.accepted.append(case)
 
