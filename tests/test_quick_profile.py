@@ -69,7 +69,11 @@ def test_a_missing_dependency_is_one_verdict_in_seconds(tmp_path):
     assert proc.stdout.count("A missing dependency?") >= len(outcomes), proc.stdout[-3000:]
     assert proc.stdout.count("inputs the implementations raised on") == 1
     assert proc.stdout.count("its traceback:\n") == 1, proc.stdout[-3000:]  # the first test's; the others point there
-    assert sum(seconds.values()) < 20, seconds  # measured 6.1 s on a loaded 2-core CPU
+    # ten inputs a test (a repeated draw counts once), never a shrink: 10 s in all on this project's
+    # 2-core CPU (4.7 s the first test, imports and all), 25 s at a load of 17; the bound is for shrinking's 390 s
+    raised = {t: sum(n.values()) for t, n in report["refusals_per_test"].items()}
+    assert len(raised) == len(outcomes) and all(n <= 2 * unrunnable.EVERY_INPUT_AFTER for n in raised.values()), raised
+    assert sum(seconds.values()) < 60, seconds
     assert report["meta"]["profile"] == "quick"
     assert proc.returncode == 1
 
@@ -89,7 +93,7 @@ def test_a_kernel_the_interpreter_cannot_run_is_one_skip_verdict(tmp_path):
                and "does not run under the Triton interpreter" in v and "run it on a GPU" in v and v.startswith("skipped")
                for v in forward.values()), forward
     assert proc.stdout.count("inputs the implementations raised on") == 1
-    assert sum(seconds.values()) < 20, seconds
+    assert sum(seconds.values()) < 60, seconds  # ten inputs a test, as above
     assert proc.returncode == 1 and "nothing was verified" in proc.stdout
 
 
