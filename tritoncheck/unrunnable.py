@@ -207,8 +207,8 @@ class Record:
         splits = case_contrast.contrast(op, raised.cases, self.accepted)
         if not self.accepted:
             where = "on every input tried"
-            seen = (f"{where} ({n} of {n}; the test ended there): none was accepted, so nothing tells the inputs "
-                    "it raised on apart")
+            ended = "; the test ended there" if self.every_input() else ""
+            seen = f"{where} ({n} of {n}{ended}): none was accepted, so nothing tells the inputs it raised on apart"
         elif splits:
             where = f"on inputs with {splits[0].inside}"
             such = sum(splits[0].holds(c) for r in self.raised.values() for c in r.cases)
@@ -243,9 +243,9 @@ class Record:
         refuses = pattern if kind in {t.__name__ for t in REFUSAL_TYPES} else f"({kind}, {pattern})"
         declared = _declaration(op, self.impl, splits)
         limits = f"{self.impl}.limits = {declared!r} (the strategies then draw inside it), " if declared else ""
-        return (f"This is not a declared refusal, so the test fails. If {self.impl} does not take such inputs on purpose, declare "
-                f"it: {limits}{self.impl}.refuses = {refuses}, or raise tritoncheck.Refusal; if it should take "
-                "them, it is a bug.")
+        return (f"This is not a declared refusal, so the test fails. If {self.impl} does not take such inputs on "
+                f"purpose, declare it: {limits}{self.impl}.refuses = {refuses}, or raise tritoncheck.Refusal; if it "
+                "should take them, it is a bug.")
 
 
 def _declaration(op, name: str, splits: list) -> dict | None:
