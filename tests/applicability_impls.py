@@ -12,6 +12,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from tritoncheck.controls.attention import sdpa as _sdpa
+
 
 def _scores(q, k, causal: bool, sm_scale, reach: int = 0):
     """fp32 scaled scores [B, H, Nq, Nk], k repeated per group of query heads, with the
@@ -133,3 +135,23 @@ for _fn in (flash_attn_func, flash_attn_func_top_left):
     _fn.layout = "bnhd"
     _fn.argument_names = {"sm_scale": "softmax_scale", "causal": "is_causal"}
     _fn.uses_triton = False
+
+
+def sdpa_without_softcap(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
+    """Takes a softcap argument but implements none, and says so: {"values": {"softcap": (0.0,)}}."""
+    if softcap != 0.0:
+        raise NotImplementedError("softcap is not implemented")
+    return _sdpa(q, k, v, causal, sm_scale, window, alibi_slopes, softcap)
+
+
+sdpa_without_softcap.limits = {"values": {"softcap": (0.0,)}}
+
+
+def sdpa_without_window(q, k, v, causal=False, sm_scale=None, window=(-1, -1), alibi_slopes=None, softcap=0.0):
+    """Takes a window argument but no sliding window, and says so: {"values": {"window": ((-1, -1),)}}."""
+    if tuple(window) != (-1, -1):
+        raise NotImplementedError("sliding windows are not implemented")
+    return _sdpa(q, k, v, causal, sm_scale, window, alibi_slopes, softcap)
+
+
+sdpa_without_window.limits = {"values": {"window": ((-1, -1),)}}

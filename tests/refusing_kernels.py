@@ -13,6 +13,8 @@ with ``--impl``.
 import torch
 
 from tritoncheck import Refusal
+from tritoncheck.controls.elementwise import torch_rope as _torch_rope
+from tritoncheck.controls.linear_attention import torch_linear_attention as _torch_linear_attention
 from tritoncheck.kernels.attention import attention as _attention
 from tritoncheck.kernels.elementwise import rope as _rope
 from tritoncheck.kernels.linear_attention import linear_attention as _linear_attention
@@ -153,3 +155,28 @@ def linear_attention_causal_only_declared(q, k, v, causal=False, eps=1e-6):
 
 linear_attention_causal_only_declared.limits = {"values": {"causal": (True,)}}
 
+
+
+# --- partial-domain errors, undeclared (issue 36): each raises on part of the domain only;
+# the inputs it accepts must still be judged, and the verdict must say where it raised
+
+def rope_cos_in_x_dtype(x, cos, sin):
+    """A correct plain-PyTorch rope that raises on cos/sin in another dtype than x, in the
+    words of a kernel's dtype assertion (a RuntimeError, as an extension's would be)."""
+    if cos.dtype != x.dtype:
+        raise RuntimeError(f"cos has dtype {str(cos.dtype)[6:]} but x has dtype {str(x.dtype)[6:]}")
+    return _torch_rope(x, cos, sin)
+
+
+def rope_cos_in_x_dtype_wrong(x, cos, sin):
+    """The same refusal in front of a planted bug on what it accepts: sin's sign flipped."""
+    if cos.dtype != x.dtype:
+        raise RuntimeError(f"cos has dtype {str(cos.dtype)[6:]} but x has dtype {str(x.dtype)[6:]}")
+    return _torch_rope(x, cos, -sin)
+
+
+def linear_attention_causal_only(q, k, v, causal=False, eps=1e-6):
+    """A correct causal linear attention that raises on causal=False, undeclared."""
+    if not causal:
+        raise NotImplementedError("causal=False is not implemented: only causal linear attention")
+    return _torch_linear_attention(q, k, v, True, eps)

@@ -68,13 +68,24 @@ def test_keyword_only_var_keyword_and_positional_names_bind_as_python_binds_them
     assert args == [1, 2, 3, True] and kwargs == {}
 
 
-def test_a_binding_error_on_a_case_the_signature_can_take_is_a_failure_not_a_refusal():
-    def needs_a_mask(q, k, v, causal=False, sm_scale=None, *, mask):
-        return q
-
-    impl = Implementation.of("attention", needs_a_mask)
-    with pytest.raises(TypeError, match="mask"):  # a TypeError out of the binding, never Refused
-        impl.call({"q": 1, "k": 2, "v": 3, "causal": True, "sm_scale": None}, ("q", "k", "v", "causal", "sm_scale"))
+@pytest.mark.parametrize("fn, binding", [
+    (lambda q, k, v, causal=False, sm_scale=None, *, mask: q, "missing a required argument: 'mask'"),
+    (lambda q, k: q, "too many positional arguments"),
+    (lambda q, k, v, causal=False, sm_scale=None, extra=None, *more: q, None),  # binds: loaded
+    (lambda q, k, v, causal, sm_scale, *, positions: q, "missing a required argument: 'positions'"),
+])
+def test_a_signature_that_cannot_bind_the_contracts_call_is_refused_when_loaded(fn, binding):
+    """No input can fix it: a TypeError when the implementation is loaded (a usage error
+    under pytest and the command), with Python's binding message, the function's
+    parameters and the op's contract, never a failure (or a refusal) in every test."""
+    if binding is None:
+        assert Implementation.of("attention", fn, name="fine").calling.takes("causal")
+        return
+    with pytest.raises(TypeError) as found:
+        Implementation.of("attention", fn, name="wrong")
+    text = str(found.value)
+    assert binding in text and "cannot be called as the suite calls attention" in text, text
+    assert f"Its parameters: {signature_of(fn)}" in text and OPS["attention"].signature in text, text
 
 
 def test_an_autograd_function_apply_binds_as_its_forward_less_ctx_positionally():
@@ -233,3 +244,36 @@ def test_a_buggy_variant_of_each_still_fails(tmp_path):
     outcomes, _ = _suite(tmp_path, *names, select="matches_reference")
     for name in names:
         assert outcomes[f"attention-{name}-float32-matches_reference"] == "failed", outcomes
+
+
+# ------------------------------------------------------------------ declared values bind the checks' own calls
+
+def test_a_call_outside_the_declared_values_is_outside_the_limits_wherever_it_comes_from():
+    from tritoncheck.limits import OutsideLimits
+    impl = Implementation.of("attention", impls.sdpa_without_softcap)
+    q = torch.randn(1, 2, 5, 4)
+    values = {"q": q, "k": q, "v": q, "causal": False, "sm_scale": None, "softcap": 512.0}
+    passed = ("q", "k", "v", "causal", "sm_scale", "window", "alibi_slopes", "softcap")
+    with pytest.raises(OutsideLimits, match=r"softcap=512.0, outside its declared limits \(softcap in \[0.0\]\)"):
+        impl.call(values, passed)
+    impl.outputs(impl.call({**values, "softcap": 0.0}, passed))  # inside: called
+
+
+@pytest.mark.parametrize("fn, check, named", [
+    (impls.sdpa_without_softcap, "softcap_large_cap_plain", "softcap="),
+    (impls.sdpa_without_window, "window_equivalences", "window=("),
+])
+def test_a_check_that_passes_its_own_values_is_bound_by_the_declared_domain_or_not_applicable(fn, check, named):
+    """softcap_large_cap_plain calls softcap 512 and window_equivalences a window of Nk keys
+    whatever the case: against a kernel that declares softcap in (0.0,) or no window they are
+    not applicable (skipped with the reason), never a call the kernel said it does not take
+    (which raised NotImplementedError before: a failure)."""
+    from tritoncheck import harness, unrunnable
+    unrunnable.reset()
+    op = OPS["attention"]
+    target = harness.Target(op, Implementation.of("attention", fn), torch.float32,
+                            next(c for c in op.checks if c.name == check))
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        harness._first_draw(target, target.run)
+    assert str(skipped.value).startswith("not applicable: this check calls the implementation with ") \
+        and named in str(skipped.value), str(skipped.value)

@@ -182,6 +182,24 @@ def test_a_users_module_in_a_package_the_checkout_shadows_gets_that_hint():
     assert "PYTHONPATH" not in str(info.value)
 
 
+def test_a_signature_that_cannot_bind_is_a_usage_error_at_load(user_dir):
+    """An --impl whose function takes other parameters than the op passes (rope's x, cos, sin
+    to a function of x and freqs): exit status 2 from the command, pytest's usage error under
+    pytest, with Python's binding message and both parameter lists, before any test runs."""
+    (user_dir / "wrong_rope.py").write_text("def rope(x, freqs):\n    return x\n")
+    done = _run(["-m", "tritoncheck", "rope=wrong_rope:rope", *CHEAP], user_dir)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out[-3000:]
+    assert "too many positional arguments" in out and "Its parameters: (x, freqs)" in out, out[-3000:]
+    assert "rope(x, cos, sin)" in out and " passed" not in out, out[-3000:]
+    done = _run(["-m", "pytest", str(ROOT / "tests" / "test_checks.py"), "--collect-only", "-q", "-p", "no:xdist",
+                 "--rootdir", str(ROOT), "--impl", "rope=wrong_rope:rope"], user_dir, env={"PYTHONPATH": str(user_dir)})
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, (done.stdout + done.stderr)[-3000:]
+    assert "too many positional arguments" in done.stdout + done.stderr
+
+
+
+
 def test_help_lists_the_options_the_declarations_the_report_commands_and_the_profiles(user_dir):
     from hypothesis import settings
 

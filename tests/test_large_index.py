@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from tritoncheck import backend, registry
-from tritoncheck.large_index import bytes_needed, check, values_of, verdict_of
+from tritoncheck.large_index import OutOfMemory, bytes_needed, check, values_of, verdict_of
+from tritoncheck.limits import OutsideLimits
 
 pytestmark = pytest.mark.large
 DTYPE_PREFERENCE = (torch.bfloat16, torch.float16, torch.float32)
@@ -98,8 +99,22 @@ def test_past_int32_offsets_match_the_reference(op, impl, dtype):
         reason = _why_not(op, dtype)
         if reason:
             pytest.skip(reason)
-        compared = check(op, impl, dtype, backend.device())
+        compared = _checked(op, impl, dtype)
     assert compared >= 5
+
+
+def _checked(op, impl, dtype) -> int:
+    """The check's slices compared; running out of memory on the problem, huge on purpose, is
+    a skip that says how much was asked for and what the device has, a failure only past a
+    declared memory budget; a problem outside the declared limits is not applicable."""
+    try:
+        return check(op, impl, dtype, backend.device())
+    except OutOfMemory as exc:
+        if exc.over_budget:
+            pytest.fail(str(exc), pytrace=False)
+        pytest.skip(str(exc))
+    except OutsideLimits as exc:
+        pytest.skip(f"not applicable: {exc}")
 
 
 @pytest.mark.parametrize("op, mutant", [("cross_entropy", "row_offset_int32"),
@@ -148,3 +163,85 @@ def test_a_scalar_the_signature_does_not_take_is_left_out(monkeypatch):
     assert impl.limits.held("num_splits")
     assert check("paged_decode_attention", impl, torch.float16, backend.device()) >= 1
     assert calls and len(calls[0]) == 4  # two query tokens a sequence
+
+
+TORCH_OOM = ("CUDA out of memory. Tried to allocate 128.25 GiB. GPU 0 has a total capacity of 139.72 GiB of which "
+             "101.35 GiB is free. Including non-PyTorch memory, this process has 38.36 GiB memory in use.")
+
+
+@pytest.mark.parametrize("budget, outcome", [(None, "skipped"), (1.0, "failed"), (1e9, "skipped")])
+def test_out_of_memory_on_the_large_problem_is_a_skip_with_the_size_unless_over_a_declared_budget(
+        monkeypatch, budget, outcome):
+    """torch.OutOfMemoryError from the implementation (here the message torch gave a plain
+    attention on an H200, issue 36): a skip naming what it asked for and what the device has,
+    not a wrong answer; with fn.memory_budget declared, a failure where the request passes it,
+    a skip where it does not (the device is too small for the problem). At a small size."""
+    import tritoncheck.large_problem as large
+    monkeypatch.setattr(large, "PAST_INT32", 3000)
+
+    def swiglu(gate, up):
+        raise torch.OutOfMemoryError(TORCH_OOM)
+
+    if budget is not None:
+        swiglu.memory_budget = budget
+    impl = registry.Implementation.of("swiglu", swiglu, kind="user")
+    with pytest.raises((pytest.skip.Exception, pytest.fail.Exception)) as ended:
+        _checked("swiglu", impl, torch.float16)
+    text = str(ended.value)
+    assert ended.errisinstance(pytest.skip.Exception) == (outcome == "skipped"), text
+    assert "swiglu asked for 128.25 GiB at once on the large problem; the device has 139.72 GiB, 101.35 GiB of it " \
+           "free" in text, text
+    assert ("over it" in text) == (outcome == "failed"), text
+    assert ("Not a wrong answer" in text) == (budget is None), text
+
+
+def test_an_out_of_memory_runtime_error_is_one_too_and_other_errors_are_not(monkeypatch):
+    import tritoncheck.large_problem as large
+    from tritoncheck.large_index import is_out_of_memory
+    monkeypatch.setattr(large, "PAST_INT32", 3000)
+    assert is_out_of_memory(RuntimeError("CUDA error: out of memory")) and not is_out_of_memory(RuntimeError("nan"))
+
+    def swiglu(gate, up):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        _checked("swiglu", registry.Implementation.of("swiglu", swiglu, kind="user"), torch.float16)
+
+
+def test_a_memory_budget_is_validated():
+    def swiglu(gate, up):
+        return gate
+
+    for bad in (-1.0, True, "1 GiB", float("inf")):
+        swiglu.memory_budget = bad
+        with pytest.raises(TypeError, match="memory_budget must be a number >= 0"):
+            registry.Implementation.of("swiglu", swiglu)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU's own out-of-memory error, on CUDA")
+def test_a_plain_attention_that_materialises_its_scores_is_skipped_with_the_size_on_the_gpu():
+    """The GPU run of issue 36: a correct plain-PyTorch attention (scores materialised in
+    float32) on the large problem in bfloat16 runs out of memory; the test skips with the
+    size it asked for, and fails where it declares a budget its scores pass."""
+    if backend.current() != "cuda":
+        pytest.skip("runs on CUDA only")
+
+    def plain_attention(q, k, v, causal=False, sm_scale=None):
+        scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
+        s = (q.float() @ k.float().transpose(-1, -2)) * scale  # [B, H, N, N] in float32
+        if causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+        p = torch.softmax(s, dim=-1)
+        return (p @ v.float()).to(q.dtype), torch.logsumexp(s, dim=-1)
+
+    with _one_at_a_time():
+        with pytest.raises(pytest.skip.Exception, match=r"asked for [\d.]+ GiB at once on the large problem; the "
+                                                        r"device has [\d.]+ GiB") as skipped:
+            _checked("attention", registry.Implementation.of("attention", plain_attention, kind="user"),
+                     torch.bfloat16)
+        print(skipped.value)  # for the GPU run's log
+        plain_attention.memory_budget = 2.0
+        with pytest.raises(pytest.fail.Exception, match="over it") as failed:
+            _checked("attention", registry.Implementation.of("attention", plain_attention, kind="user"),
+                     torch.bfloat16)
+        print(failed.value)

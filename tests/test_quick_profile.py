@@ -1,9 +1,9 @@
 """The quick profile and the one-verdict rule for implementations that cannot run (issue 25, ask 4).
 
 A run of the user's functions (``--impl``) defaults to the ``quick`` profile (few examples,
-a small pool of shapes, no shrinking); an implementation that raises the same error on two
-different inputs ends each test that meets it at once with one verdict
-(``tritoncheck/unrunnable.py``), and under the Triton interpreter an ``InterpreterError``
+a small pool of shapes, no shrinking); an implementation that raises on every input ends
+each test after ten inputs with one verdict (``tritoncheck/unrunnable.py``; a partial
+domain: tests/test_refusals.py), and under the Triton interpreter an ``InterpreterError``
 is a skip that says to run on a GPU. A correct control still passes and a planted bug
 still fails at that profile; a wrong value is never taken for a constant error.
 
@@ -17,8 +17,6 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
-
-import pytest
 
 from tritoncheck import backend, cli, registry, unrunnable
 
@@ -57,18 +55,25 @@ def run_quick(tmp_path: Path, impls: list[str], *extra: str):
 
 
 def test_a_missing_dependency_is_one_verdict_in_seconds(tmp_path):
-    """Every test fails on the ModuleNotFoundError, at once: 13 tests in a few seconds in
-    all (each took about 30 s of shrinking before), the traceback once, the verdict once
-    in the summary; and an --impl run's default profile is quick."""
+    """Every test fails on the ModuleNotFoundError after ten inputs that all raised it: 13
+    tests in a few seconds in all (each took about 30 s of shrinking before), the traceback
+    once (later tests point to it), one line for the implementation in the summary; and an
+    --impl run's default profile is quick."""
     outcomes, seconds, report, proc = run_quick(tmp_path, [f"{FIXTURES}:softmax_missing_dependency"])
     assert len(outcomes) == softmax_checks(), proc.stdout[-3000:]
-    verdict = ("raises the same error on every input tried: ModuleNotFoundError: "
-               "No module named 'tritoncheck_absent_optional_dependency'")
+    verdict = (f"raised ModuleNotFoundError: No module named 'tritoncheck_absent_optional_dependency' on "
+               f"{unrunnable.EVERY_INPUT_AFTER} of the {unrunnable.EVERY_INPUT_AFTER} inputs this test tried: on every "
+               "input tried")
     assert all(o.startswith("failed") for o in outcomes.values()), outcomes
     assert proc.stdout.count(verdict) >= len(outcomes), proc.stdout[-3000:]  # each test says it
-    assert proc.stdout.count("implementations that raise the same error on every input") == 1
-    assert proc.stdout.count("its traceback:") == 2, proc.stdout[-3000:]  # the first test's, the summary's
-    assert sum(seconds.values()) < 20, seconds  # measured 4.9 s on a loaded 2-core CPU
+    assert proc.stdout.count("A missing dependency?") >= len(outcomes), proc.stdout[-3000:]
+    assert proc.stdout.count("inputs the implementations raised on") == 1
+    assert proc.stdout.count("its traceback:\n") == 1, proc.stdout[-3000:]  # the first test's; the others point there
+    # ten inputs a test (a repeated draw counts once), never a shrink: 10 s in all on this project's
+    # 2-core CPU (4.7 s the first test, imports and all), 25 s at a load of 17; the bound is for shrinking's 390 s
+    raised = {t: sum(n.values()) for t, n in report["refusals_per_test"].items()}
+    assert len(raised) == len(outcomes) and all(n <= 2 * unrunnable.EVERY_INPUT_AFTER for n in raised.values()), raised
+    assert sum(seconds.values()) < 60, seconds
     assert report["meta"]["profile"] == "quick"
     assert proc.returncode == 1
 
@@ -84,21 +89,21 @@ def test_a_kernel_the_interpreter_cannot_run_is_one_skip_verdict(tmp_path):
     if backend.current() == "cuda":
         assert all(v == "passed" for v in forward.values()), outcomes
         return
-    assert all("does not run under the Triton interpreter: InterpreterError: AttributeError(\"'float' object "
-               "has no attribute 'to'\")" in v and "run it on a GPU" in v and v.startswith("skipped")
+    assert all("raised InterpreterError: AttributeError(\"'float' object has no attribute 'to'\")" in v
+               and "does not run under the Triton interpreter" in v and "run it on a GPU" in v and v.startswith("skipped")
                for v in forward.values()), forward
-    assert proc.stdout.count("implementations that raise the same error on every input") == 1
-    assert sum(seconds.values()) < 20, seconds
+    assert proc.stdout.count("inputs the implementations raised on") == 1
+    assert sum(seconds.values()) < 60, seconds  # ten inputs a test, as above
     assert proc.returncode == 1 and "nothing was verified" in proc.stdout
 
 
 def test_an_error_on_one_path_leaves_the_other_checks_their_own_verdicts(tmp_path):
     """A backward that imports a missing module: the gradient checks end on that error,
-    the forward checks pass (the constant error is matched per test, not per op)."""
+    the forward checks pass (each test judges its own inputs)."""
     outcomes, _, _, proc = run_quick(tmp_path, [f"{FIXTURES}:softmax_backward_missing_dependency"])
     for test_id, outcome in outcomes.items():
         if test_id.endswith(GRADIENT_CHECKS):
-            assert outcome.startswith("failed") and "raises the same error" in proc.stdout, (test_id, outcome)
+            assert outcome.startswith("failed") and "raised ModuleNotFoundError" in outcome, (test_id, outcome)
         else:
             assert outcome == "passed", (test_id, outcome, proc.stdout[-3000:])
 
@@ -118,64 +123,6 @@ def test_quick_passes_a_correct_control_and_fails_a_planted_bug_with_its_values(
     assert failed, mutant
     assert "raises the same error" not in proc.stdout
     assert "failed for padded_lanes_zero on:" in proc.stdout
-
-
-class _Boom(Exception):
-    pass
-
-
-def _judge(exc, retry, test_id="softmax-f-float32-matches_reference", backend_name="cuda"):
-    unrunnable.judge(exc, impl_key="softmax-f", impl_name="f", test_id=test_id, backend=backend_name, retry=retry)
-
-
-def _raise(exc):
-    def retry():
-        raise exc
-    return retry
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    unrunnable.reset()
-    yield
-    unrunnable.reset()
-
-
-def test_the_same_error_on_the_retry_is_a_constant_error_and_ends_later_tests_at_once():
-    with pytest.raises(unrunnable.Unrunnable) as found:
-        _judge(_Boom("no module x"), _raise(_Boom("no module x")))
-    assert not found.value.error.under_interpreter and "_Boom: no module x" in found.value.error.verdict()
-    calls = []
-    with pytest.raises(unrunnable.Unrunnable):  # another test: known, so no retry
-        _judge(_Boom("no module x"), lambda: calls.append(1), test_id="softmax-f-float32-rows_sum_to_one")
-    assert calls == []
-    assert len(unrunnable.known("softmax-f")) == 1
-
-
-def test_a_different_outcome_on_the_retry_leaves_the_failure_as_it_is():
-    _judge(_Boom("index 17 out of range"), _raise(_Boom("index 18 out of range")))  # returns: caller re-raises
-    _judge(_Boom("x"), lambda: None, test_id="softmax-f-float32-b")  # the second case passed
-    _judge(_Boom("x"), _raise(AssertionError("wrong value")), test_id="softmax-f-float32-c")
-    _judge(_Boom("x"), _raise(ValueError("x")), test_id="softmax-f-float32-d")  # same message, other type
-    assert unrunnable.known("softmax-f") == []
-
-
-def test_a_test_retries_once_only():
-    _judge(_Boom("a"), lambda: None)
-    _judge(_Boom("b"), _raise(_Boom("b")))  # the same test again: no second retry, no verdict
-    assert unrunnable.known("softmax-f") == []
-
-
-def test_an_interpreter_error_is_the_interpreter_verdict_only_under_the_interpreter():
-    from triton.runtime.errors import InterpreterError
-    error = InterpreterError("AttributeError(\"'float' object has no attribute 'to'\")")
-    with pytest.raises(unrunnable.Unrunnable) as found:
-        _judge(error, _raise(InterpreterError(str(error))), backend_name="interpret")
-    assert found.value.error.under_interpreter and "run it on a GPU" in found.value.error.verdict()
-    unrunnable.reset()
-    with pytest.raises(unrunnable.Unrunnable) as found:
-        _judge(error, _raise(InterpreterError(str(error))), backend_name="cuda")
-    assert not found.value.error.under_interpreter
 
 
 def test_the_command_runs_quick_then_the_deep_profile_and_a_named_profile_alone():

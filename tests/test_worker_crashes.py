@@ -201,3 +201,73 @@ def test_the_report_counts_a_crashed_check_as_failed_and_names_the_crash(tmp_pat
     assert "## Crashed workers" in markdown and f"- `{test}`:" in markdown
     assert "  replay: python -m tritoncheck.replay x.json" in markdown
     assert "<h2>Crashed workers</h2>" in html_page.page(data) and "x.json" in html_page.page(data)
+
+
+# ------------------------------------------------------------------ a broken CUDA context costs its own test
+
+GRADIENT_CHECKS = ("gradients_match_reference", "backward_repeatable", "deterministic")
+
+
+def _run_softmax(tmp_path, impl: str, *extra: str):
+    """The suite on softmax float32 in a child pytest (quick profile, seed 0): outcomes by
+    test id ('passed', or 'failed: <message>'), and the output."""
+    import os
+    import subprocess
+    import sys
+    import xml.etree.ElementTree as ET
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    xml = tmp_path / "run.xml"
+    cmd = [sys.executable, "-m", "pytest", "tests/test_checks.py", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+           "--op", "softmax", "--dtype", "float32", "--report-dir", str(tmp_path / "reports"), f"--junitxml={xml}",
+           "--hypothesis-seed", "0", "--max-examples", "5", "--impl", f"softmax={impl}", *extra]
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "BUILD_NUMBER")}
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600, env=env)
+    outcomes = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        test_id = case.get("name").partition("[")[2].rstrip("]")
+        failed = case.find("failure") if case.find("failure") is not None else case.find("error")
+        outcomes[test_id] = "passed" if failed is None and case.find("skipped") is None else \
+            f"failed: {failed.get('message')} {failed.text}" if failed is not None else "skipped"
+    return outcomes, proc.stdout + proc.stderr
+
+
+def _breaking_impl(kind: str) -> str:
+    if kind == "cuda":
+        from tritoncheck import backend
+        if backend.current() != "cuda":
+            pytest.skip("a real broken CUDA context needs a GPU (the simulated one runs everywhere)")
+        return "tests.context_breaking_kernels:softmax_misaligned_backward"
+    return "tests.context_breaking_kernels:softmax_breaking_backward_simulated"
+
+
+@pytest.mark.parametrize("kind", ["simulated", "cuda"])
+def test_a_kernel_that_breaks_the_cuda_context_costs_only_the_tests_that_broke_it(tmp_path, kind):
+    """Issue 36: each check that runs the breaking backward fails, naming the CUDA error, its
+    case and replay file; its worker ends inside that test (so xdist blames it, not the next
+    one) and is replaced; every forward check gets its own verdict, a pass, also those run
+    after a break (before: "not run: the CUDA context of this process was broken by ...")."""
+    from tests.context_breaking_kernels import CUDA_ERROR
+    outcomes, out = _run_softmax(tmp_path, _breaking_impl(kind), "-n", "1")
+    assert len(outcomes) == len(registry.load()["softmax"].checks), out[-3000:]
+    for test_id, outcome in outcomes.items():
+        if test_id.endswith(GRADIENT_CHECKS):
+            assert outcome.startswith("failed") and CUDA_ERROR in outcome, (test_id, outcome, out[-3000:])
+            assert f"{test_id}: {test_id.rpartition('-')[2]} broke the CUDA context" in outcome, outcome
+            assert "replay: python -m tritoncheck.replay" in outcome and "ended itself there" in outcome, outcome
+            replay = outcome.partition("replay: python -m tritoncheck.replay ")[2].split()[0]
+            assert json.loads(open(replay).read())["check"] == test_id.rpartition("-")[2]
+        else:
+            assert outcome == "passed", (test_id, outcome[:2000])
+    assert "not run: the CUDA context" not in out
+    print(next(o for t, o in outcomes.items() if t.endswith(GRADIENT_CHECKS))[:1500])  # for the GPU run's log
+
+
+def test_without_workers_the_test_that_broke_the_context_says_so_and_the_rest_name_it(tmp_path):
+    outcomes, out = _run_softmax(tmp_path, _breaking_impl("simulated"), "-p", "no:xdist")
+    first = "softmax-softmax_breaking_backward_simulated-float32-gradients_match_reference"
+    assert "gradients_match_reference broke the CUDA context of this process" in outcomes[first], outcomes[first]
+    assert "a single process runs every test here" in outcomes[first] and "replay:" in outcomes[first]
+    later = [o for t, o in outcomes.items() if list(outcomes).index(t) > list(outcomes).index(first)]
+    assert later and all("not run: the CUDA context of this process was broken by" in o and first in o
+                         and "-n 1" in o for o in later), later[:2]

@@ -105,7 +105,26 @@ class Calling:
                       defaults=defaults, axes=axes, layout=layout)
         if sig is None:
             return cls(modes={a: "positional" for a in spec.arguments}, text=f"{label}(...)", **common)
-        return cls(modes=_modes(spec.arguments, defaults, names, sig), text=f"{label}{sig}", **common)
+        calling = cls(modes=_modes(spec.arguments, defaults, names, sig), text=f"{label}{sig}", **common)
+        calling._check_binds(sig, getattr(spec, "signature", spec.name))
+        return calling
+
+    def _check_binds(self, sig: inspect.Signature, contract: str) -> None:
+        """Raise TypeError where ``sig`` cannot bind the suite's call that passes every
+        argument the function takes (a parameter too few for the contract's required
+        arguments, a required one the contract never passes). No input can fix such a
+        signature, so it is found when the implementation is loaded: a usage error, not a
+        failure in every test."""
+        args, kwargs = self.call_arguments({a: f"<{a}>" for a in self.arguments}, tuple(self.modes))
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            call = ", ".join([*(str(a) for a in args), *(f"{k}={v}" for k, v in kwargs.items())])
+            raise TypeError(
+                f"{self.text} cannot be called as the suite calls {self.op}: {exc} (Python's binding of "
+                f"{self.text.partition('(')[0]}({call})). Its parameters: {sig}; the op's contract: {contract}, whose "
+                "required arguments are passed positionally in that order and the optional ones where the signature "
+                "takes them (fn.argument_names maps the contract's names to other parameter names)") from None
 
     def takes(self, argument: str) -> bool:
         return argument in self.modes

@@ -65,17 +65,22 @@ example was refused is reported as skipped with the messages, never as passed. T
 project's own kernels, planted bugs and controls accept the whole contract: a refusal
 from them fails.
 
-Everything else fails the example with its traceback, an undeclared `ValueError`,
+Everything else a user's implementation raises fails its test, an undeclared `ValueError`,
 `TypeError` or `NotImplementedError` included (a typo's `TypeError` looks exactly like
-a refusal). With `--refusals=discard` undeclared ones are counted as refusals instead,
-and a test in which they took more than 20% of the examples fails, naming them and the
-first one's traceback; with `--refusals=fail` every refusal fails. Never a refusal,
-whatever is declared: an `AssertionError`, an error raised inside Triton's compiler,
-launcher or interpreter (unless declared by its type), a `TypeError` from calling the
-function with the contract's arguments (a signature that does not follow it), a result
-of the wrong shape or dtype, a wrong or non-finite value, an error in the backward (the
-forward accepted the input), and an exception raised by the suite's own code around the
-call.
+a refusal): each input it raised on is recorded and replaced by another, so that the
+check still judges the inputs it accepts, and the test fails at its end naming the
+error, on how many of how many inputs, what sets those inputs apart from the accepted
+ones (`causal=False`, cos in another dtype than x, `N >= 65`), the declaration that
+would say so, and the first one's case, replay and traceback (docs/verdicts.md). A test
+whose first ten inputs all raised ends there. With `--refusals=discard` undeclared
+refusals are counted as refusals instead, and a test in which they took more than 20%
+of the examples fails, naming them and the first one's traceback; with `--refusals=fail`
+every refusal fails. Never a refusal, whatever is declared: an `AssertionError`, an
+error raised inside Triton's compiler, launcher or interpreter (unless declared by its
+type), a result of the wrong shape or dtype, a wrong or non-finite value, an error in
+the backward (the forward accepted the input), and an exception raised by the suite's
+own code around the call. A signature that cannot bind the contract's arguments is a
+usage error when the implementation is loaded.
 
 A test passes only if at least half of its examples counted (ran the check to the end,
 neither refused nor discarded by the check's preconditions); fewer fail it as not

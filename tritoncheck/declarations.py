@@ -48,6 +48,9 @@ ATTRIBUTES = {
                       "(e.g. {'sm_scale': 'softmax_scale', 'causal': 'is_causal'})",
     "autotuned": "a tuple of the triton.autotune'd kernels it launches (tritoncheck/autotune_configs.py; "
                  "--autotune-config and benchmarks/autotune_sweep.py pin them)",
+    "memory_budget": "a number >= 0: the most device memory a call (forward and backward) allocates besides its "
+                     "arguments, outputs and gradients, as a multiple of their bytes (e.g. 1.0; a kernel that "
+                     "materialises N x N attention scores has none); the large-index check holds it to it",
 }
 
 
@@ -216,6 +219,20 @@ def _is_typed_entry(entry: Any) -> bool:
                                                 and all(isinstance(t, type) for t in entry[0]))))
 
 
+def memory_budget(declared: Any, owner: str) -> float | None:
+    """Parse ``fn.memory_budget`` (:data:`ATTRIBUTES`): a finite number >= 0, or None (undeclared).
+
+    Why a multiple, not bytes: the large-index check's problem is one size per op, a user's
+    run another; a kernel's extra memory scales with its problem (a flash attention's lse
+    and workspace are a fraction of q, k and v; a plain attention's scores grow as N^2),
+    and a multiple of the call's own tensors says which kind it is at any size."""
+    if declared is None:
+        return None
+    if isinstance(declared, bool) or not isinstance(declared, (int, float)) or not 0 <= declared < float("inf"):
+        raise TypeError(f"{owner}.memory_budget must be {ATTRIBUTES['memory_budget']}, got {declared!r}")
+    return float(declared)
+
+
 def check_attributes(fn: Callable, owner: str, op: Any = None, others: Mapping[str, tuple[str, ...]] | None = None
                      ) -> None:
     """Validate every generic attribute's value and ``op``'s own declarations
@@ -248,6 +265,7 @@ def check_attributes(fn: Callable, owner: str, op: Any = None, others: Mapping[s
         autotuned_kernels(fn)
     refuses(getattr(fn, "refuses", None), owner)
     _fp8_accumulation(getattr(fn, "fp8_accumulation", None), owner)
+    memory_budget(getattr(fn, "memory_budget", None), owner)
     if op is not None:
         declared(op, fn, owner)
 

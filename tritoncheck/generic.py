@@ -268,12 +268,41 @@ def calls_independent(case: Case, impl: Implementation, compare=assert_matches_r
     try:
         compare(op, second, impl, b_before, then)
     except AssertionError as exc:
-        raise AssertionError(f"a second call on other values of the same shapes, in the first call's buffers, "
-                             f"is wrong: the implementation keeps state across calls (the second call's inputs: "
-                             f"the case below with every tensor's seed + 1)\n{exc}") from None
+        raise AssertionError(_second_call_wrong(op, case, second, impl, compare, kept, then, exc)) from None
     for name, t in first.items():
         assert_identical(name, kept[name], t.detach(), f"a later call of {impl.name} changed the output of an "
                                                        "earlier one (an output buffer shared between calls)")
+
+
+def _second_call_wrong(op: OpSpec, first: Case, second: Case, impl: Implementation, compare,
+                       kept: Mapping[str, torch.Tensor], then: Mapping[str, torch.Tensor], exc: AssertionError) -> str:
+    """Why the second call of :func:`calls_independent` was wrong: state kept across calls
+    only where a call shows it (the second inputs alone, on fresh buffers, are right; the
+    first inputs, right on the first call, are now wrong; or the second call returned the
+    first's outputs bit for bit), else a plain wrong answer on the second inputs, which
+    matches_reference would have found on them as well."""
+    inputs = f"the second call's inputs: the case below with every tensor's seed + 1:\n{second.describe()}"
+    fresh = second.materialise(backend.device())
+    fresh_before = snapshot(fresh)
+    _, alone = run(second, impl, fresh)
+    try:
+        compare(op, second, impl, fresh_before, alone)
+    except AssertionError as wrong:
+        again = first.materialise(backend.device())
+        again_before = snapshot(again)
+        _, redo = run(first, impl, again)
+        try:
+            compare(op, first, impl, again_before, redo)
+        except AssertionError:
+            return (f"the implementation keeps state across calls: the first inputs, right on the first call, are "
+                    f"wrong when called again, and so is a second call on other values ({inputs})\n{exc}")
+        if all(torch.equal(kept[n], then[n].detach()) for n in then if n in kept):
+            return (f"the implementation keeps state across calls: a second call on other values returned the "
+                    f"first call's outputs bit for bit ({inputs})\n{exc}")
+        return (f"a wrong answer on the second inputs, alone as well (a fresh call on fresh buffers is wrong the "
+                f"same way, so not state kept across calls; {inputs})\n{wrong}")
+    return (f"a second call on other values of the same shapes, in the first call's buffers, is wrong where the same "
+            f"values alone, on fresh buffers, are right: the implementation keeps state across calls ({inputs})\n{exc}")
 
 
 def deterministic(case: Case, impl: Implementation) -> None:

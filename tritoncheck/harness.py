@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 from hypothesis.vendor import pretty
 
-from tritoncheck import autotune_configs, backend, devices, refusals, registry, strategies, unrunnable
+from tritoncheck import autotune_configs, backend, devices, refusals, registry, strategies, unrunnable, worker_crashes
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import rule_name
 from tritoncheck.limits import NotApplicable, OutsideLimits
@@ -33,6 +33,11 @@ from tritoncheck.registry import Check, Implementation, OpSpec
 from tritoncheck.strategies import Case
 
 RECORDED_CHECKS = ("matches_reference", "gradients_match_reference")
+# Examples discarded because the check called the implementation outside its declared limits,
+# none run, after which the test is not applicable (Target._outside_limits). Three: a check that
+# passes its own value (a softcap of 512) does so on every example; one that passes it only on
+# some lets others through long before.
+NOT_APPLICABLE_AFTER = 3
 _collector = None  # the run's report.Collector, set by the plugin
 # The fewest examples that must have counted (run the check to the end: neither discarded
 # by assume nor refused) for a test to pass, as a share of the run's max_examples; the
@@ -116,62 +121,15 @@ class Target:
             return self.check.requires(self.impl)
         return None
 
-    def run(self, case: Case, data=None) -> None:
-        """Run the check on ``case``. ``data`` (the test's Hypothesis data) lets an
-        exception out of the implementation be retried on a second case, so that one
-        raised the same on every input ends the test at once (tritoncheck/unrunnable.py)."""
-        try:
-            self._run(case)
-        except (AssertionError, UnsatisfiedAssumption):
-            raise  # a check's verdict on a value, or an example discarded: never a constant error
-        except Exception as exc:
-            # the second case is drawn whether or not it is run: an example draws the same
-            # whatever this process learnt before, or Hypothesis's replay of a failing
-            # example (which needs no retry) stops drawing early and calls the test flaky
-            second = self._second_case(case, data) if data is not None else None
-            retry = None if second is None or _cuda_context_broken() else lambda: self._retry(second)
-            unrunnable.judge(exc, impl_key=self.impl_key, impl_name=self.impl.name, test_id=self.id,
-                             backend=backend.current(), retry=retry)
-            raise
-
-    @property
-    def impl_key(self) -> str:
-        return f"{self.op.name}-{self.impl.name}"
-
-    def _second_case(self, first: Case, data) -> Case | None:
-        """A second case for the retry, different from ``first`` where the strategy allows;
-        None when none can be drawn (nothing to compare: the first failure stands)."""
-        case = first
-        for _ in range(3):
-            try:
-                case = data.draw(self.strategy(), label="retry case")
-            except OutsideLimits:
-                return None
-            if case.describe() != first.describe():
-                break
-        return case
-
-    def _retry(self, case: Case) -> None:
-        """The check on the second case, outside the report's records and counts (it
-        decides how to report, not what)."""
-        self._write_in_flight(case)
-        with poisoned_allocations_for(self.impl.fn), autotune_configs.pinned_all(self.impl.fn, CONFIG.autotune_config):
-            self.check.run(case, self.impl)
-
-    def _write_in_flight(self, case: Case) -> None:
-        """In an xdist worker, ``case`` as the replay file a crash in it would need: a spec of
-        shapes and seeds, no tensors (1.4 kB, 0.5 ms an example on this project's 2-core CPU,
-        where an example's kernel calls and fp64 reference under the interpreter take tens of
-        ms or more)."""
-        if _in_flight is not None:
-            _in_flight.write_text(json.dumps({"test": self.id, **replay_record(self, case)}))
-
-    def _run(self, case: Case) -> None:
+    def run(self, case: Case) -> None:
+        """Run the check on ``case``: its verdict, or, for an input a user's implementation
+        raised on, the example discarded and the input recorded for the test's verdict at
+        its end (tritoncheck/unrunnable.py)."""
         self._write_in_flight(case)
         # every check's comparisons with a reference count toward its vacuity verdict; the
         # reference checks' are also the rows of the tolerance report
         sink = _collector.sink(self, case, rows=self.check.name in RECORDED_CHECKS) if _collector is not None else None
-        invalid, refused, start = False, False, time.perf_counter()
+        invalid, refused, broken, start = False, False, False, time.perf_counter()
         try:
             with poisoned_allocations_for(self.impl.fn), autotune_configs.pinned_all(
                     self.impl.fn, autotune_configs.each_in_turn(self.impl.fn, CONFIG.autotune_config)), \
@@ -180,16 +138,29 @@ class Target:
         except UnsatisfiedAssumption:
             invalid = True
             raise  # Hypothesis discards the example: not a failure, nothing to save
+        except OutsideLimits as exc:
+            invalid = True
+            self._outside_limits(exc)
         except Refused as exc:
-            if refusals.refusal_fails(self.impl.kind, CONFIG.refusals, exc.declared):
-                self._fail_refusal(case, exc)
             refused = True
+            if refusals.refusal_fails(self.impl.kind, CONFIG.refusals, exc.declared):
+                if self._records_raised() and CONFIG.refusals == "auto":
+                    self._raised(case, exc)
+                self._fail_refusal(case, exc)
             if _collector is not None:
                 _collector.refuse(self, exc.message, declared=exc.declared,
                                   traceback_text=None if exc.declared else exc.traceback_text())
                 self._skip_if_all_refused()
             reject()  # discarded: Hypothesis draws another example in its place
         except Exception as exc:
+            error = worker_crashes.broken_context(backend.current())
+            if error is not None:
+                broken = True  # nothing more on this device: every call would raise it again
+                raise self._context_broken(case, exc, error) from exc
+            if not isinstance(exc, AssertionError) and self._records_raised():
+                refused = True
+                self._raised(case, exc)
+            self.record.accept(case, keep=self._records_raised())  # it ran: the check judged its outputs
             path = save_failure(self, case)
             note = (f"\n{self.check.name} failed for {self.impl.name} on:\n{case.describe()}\n"
                     f"replay: python -m tritoncheck.replay {path}")
@@ -200,10 +171,75 @@ class Target:
             if hasattr(exc, "add_note"):
                 exc.add_note(note)
             raise
+        else:
+            self.record.accept(case, keep=self._records_raised())
         finally:
-            devices.release_cache(backend.current())
+            if not broken:
+                devices.release_cache(backend.current())
             if _collector is not None:
                 _collector.count(self, invalid, refused, time.perf_counter() - start, case=case)
+
+    @property
+    def impl_key(self) -> str:
+        return f"{self.op.name}-{self.impl.name}"
+
+    @property
+    def record(self) -> unrunnable.Record:
+        """What this test's implementation raised on and accepted, in this process."""
+        return unrunnable.record_of(self.id, impl=self.impl.name, impl_key=self.impl_key,
+                                    dtype=dtype_name(self.dtype), backend=backend.current())
+
+    def _write_in_flight(self, case: Case) -> None:
+        """In an xdist worker, ``case`` as the replay file a crash in it would need: a spec of
+        shapes and seeds, no tensors (1.4 kB, 0.5 ms an example on this project's 2-core CPU,
+        where an example's kernel calls and fp64 reference under the interpreter take tens of
+        ms or more)."""
+        if _in_flight is not None:
+            _in_flight.write_text(json.dumps({"test": self.id, **replay_record(self, case)}))
+
+    def _records_raised(self) -> bool:
+        """Whether an input the implementation raised on is recorded and discarded (a user's
+        implementation in a run of the plugin), rather than failing the example at once (the
+        project's own implementations accept the whole contract; ``verify`` ends on it)."""
+        return _collector is not None and self.impl.kind == "user"
+
+    def _raised(self, case: Case, exc: BaseException) -> None:
+        """Record ``case`` as an input the implementation raised ``exc`` on (the first of each
+        error with its replay files), then end the test if every input so far raised, else
+        discard the example."""
+        record = self.record
+        original = getattr(exc, "original", None) or exc
+        new = unrunnable.signature(original) not in record.raised
+        path = save_failure(self, case, suffix="-raised") if new else None
+        raised = record.add(case, original, str(path) if path else None)
+        if _collector is not None:
+            _collector.refuse(self, unrunnable.one_line(original), declared=False, traceback_text=raised.traceback_text)
+        if record.every_input():
+            raise unrunnable.Unrunnable(record.verdict(self.op)) from None
+        reject()
+
+    def _outside_limits(self, exc: OutsideLimits) -> None:
+        """The check called the implementation outside its declared limits (a value of its
+        own, e.g. a softcap of 512 where ``values`` declares softcap in (0.0,)): the example
+        is discarded, and a test that ran nothing else in NOT_APPLICABLE_AFTER of them is
+        not applicable, skipped with the reason."""
+        record = self.record
+        record.outside += 1
+        if not record.ran and not record.raised and record.outside >= NOT_APPLICABLE_AFTER:
+            pytest.skip(f"not applicable: {exc}")
+        reject()
+
+    def _context_broken(self, case: Case, exc: BaseException, error: str) -> worker_crashes.ContextBroken:
+        """What ends the test at once where ``exc`` left this process's CUDA context broken
+        with ``error`` (tritoncheck/worker_crashes.py): every later call would raise it again,
+        so Hypothesis's shrinking means nothing. It names the error, the case and its replay."""
+        path = save_failure(self, case)
+        raised = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return worker_crashes.ContextBroken(
+            f"{self.id}: {self.check.name} broke the CUDA context of this process for {self.impl.name}: {error}\n"
+            f"raised as: {type(exc).__name__}: {raised}\non the last case it started:\n{case.describe()}\n"
+            f"replay: python -m tritoncheck.replay {path}\n(CUDA reports a kernel's error at a later call: run the "
+            "replay with CUDA_LAUNCH_BLOCKING=1 to see which launch raised it)")
 
     def _fail_refusal(self, case: Case, exc: Refused) -> None:
         """A refusal that fails the example: the project's own implementations accept the
@@ -240,19 +276,6 @@ class Target:
                             f"{refusals.how_to_declare(self.impl.name)}\nthe first, with its traceback:\n"
                             f"{_collector.first_traceback.get(self.id, '')}", pytrace=False)
             pytest.skip(f"every example was refused ({n} drawn): {refusals.summarise(refused)}")
-
-
-def _cuda_context_broken() -> bool:
-    """Whether a CUDA error stuck to this process's context (a wild access): every later
-    call would raise it again, whatever the input, so a retry would prove nothing; the
-    plugin reports it (``Session.cuda_broken_by``)."""
-    if backend.current() != "cuda":
-        return False
-    try:
-        torch.cuda.synchronize()
-    except Exception:  # noqa: BLE001 - torch's class for it varies by version
-        return True
-    return False
 
 
 # test id -> [(length class, row length, "ran" or why not)]: what run_length_classes did
@@ -322,6 +345,28 @@ def account_refusals(target: Target, excinfo, report, item) -> None:
                                         f"{refusals.summarise(refused, limit=10)}"))
 
 
+def finish(target: Target, exhausted: bool = False) -> None:
+    """The end of a test whose examples all passed: it fails where its implementation raised
+    on inputs (:func:`raised_inputs_verdict`; skipped instead where every error was the
+    Triton interpreter's) or where the pass was not earned (:func:`unearned_pass`; its
+    minimum of counted examples is moot where raised inputs took them)."""
+    verdict = raised_inputs_verdict(target, judged="each passed the check")
+    if verdict is not None and verdict.skip:
+        pytest.skip(verdict.text)
+    problems = [verdict.text] if verdict is not None else []
+    problem = unearned_pass(target, exhausted or verdict is not None)
+    if problem:
+        problems.append(problem)
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+
+
+def raised_inputs_verdict(target: Target, judged: str | None = None) -> unrunnable.Verdict | None:
+    """The verdict on the inputs ``target``'s implementation raised on in this process, or None."""
+    record = unrunnable.recorded(target.id)
+    return record.verdict(target.op, judged) if record is not None else None
+
+
 def unearned_pass(target: Target, exhausted: bool = False) -> str | None:
     """Why ``target``'s test must fail although every example that ran passed, or None:
     most examples were vacuous (:func:`vacuity_failure`), undeclared refusals took more
@@ -335,8 +380,10 @@ def unearned_pass(target: Target, exhausted: bool = False) -> str | None:
 def undeclared_refusal_failure(target: Target) -> str | None:
     """Under ``--refusals=discard``: a test in which undeclared refusals took more than
     ``refusals.UNDECLARED_SHARE_MAX`` of the examples fails, naming their messages and
-    the first one's traceback (the default, ``auto``, fails on the first one)."""
-    if _collector is None:
+    the first one's traceback (the default, ``auto``, fails a test with the inputs its
+    implementation raised on: :func:`raised_inputs_verdict`)."""
+    record = unrunnable.recorded(target.id)
+    if _collector is None or (record is not None and record.raised):  # the raised inputs' verdict says it
         return None
     undeclared = _collector.undeclared_of(target.id)
     n, examples = sum(undeclared.values()), _collector.examples[target.id]
@@ -427,15 +474,15 @@ def replay_record(target: Target, case: Case) -> dict:
     return record
 
 
-def save_failure(target: Target, case: Case) -> Path:
-    """Write what replays the failure: ``<id>.json`` (the case, for
+def save_failure(target: Target, case: Case, suffix: str = "") -> Path:
+    """Write what replays the failure: ``<id><suffix>.json`` (the case, for
     ``python -m tritoncheck.replay``), ``<id>.pt`` (the inputs themselves, strides and
     storage offsets included) and ``<id>.py`` (a script that needs neither pytest nor
     Hypothesis: it loads the inputs, runs the implementation and the fp64 reference,
     prints the error, then replays the failed check)."""
     folder = Path(CONFIG.report_dir) / "failures"
     folder.mkdir(parents=True, exist_ok=True)
-    stem = failure_stem(target.id)
+    stem = failure_stem(target.id) + suffix
     path = folder / f"{stem}.json"
     path.write_text(json.dumps(replay_record(target, case), indent=1))
     torch.save(case.materialise("cpu"), folder / f"{stem}.pt")

@@ -17,18 +17,78 @@ their kernels run on the whole input here, but only dx is compared.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 import torch
 
-from tritoncheck import generic
+from tritoncheck import declarations, generic
 from tritoncheck.large_problem import PAST_INT32, LargeProblem, randn
 from tritoncheck.oracle import assert_close, to_numpy
 from tritoncheck.registry import OPS, Implementation
 from tritoncheck.strategies import Case, TensorSpec
 
 SAMPLE = 6  # slices compared besides the ones at the ends and at the 2**31 boundary
+_UNITS = {"B": 1, "bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_AMOUNT = r"([\d.]+) (B|bytes|KiB|MiB|GiB|TiB)"
+
+
+class OutOfMemory(Exception):
+    """The implementation ran out of device memory on the large problem. Not a wrong answer
+    (the problem is huge on purpose: a plain attention that materialises its scores asked
+    for 128 GiB on a 141 GB H200): the test skips with what it asked for and what the device
+    has, unless ``over_budget``: the request passes the memory budget it declared
+    (``fn.memory_budget``), a failure."""
+
+    def __init__(self, text: str, over_budget: bool):
+        self.over_budget = over_budget
+        super().__init__(text)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _amount(pattern: str, message: str) -> int | None:
+    found = re.search(pattern + _AMOUNT, message)
+    return int(float(found.group(1)) * _UNITS[found.group(2)]) if found else None
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch's ``OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` before 2.5), or a
+    RuntimeError that says so (an extension's allocator, cuBLAS's workspace)."""
+    kinds = tuple(k for k in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None))
+                  if k is not None)
+    return isinstance(exc, kinds) or (isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
+
+
+def out_of_memory(exc: BaseException, name: str, budget: float | None, arguments: int,
+                  largest: int) -> OutOfMemory:
+    """What ``exc`` (an out-of-memory error of ``name``'s call) means: the amount it asked for
+    and the device's memory, read from torch's message ("Tried to allocate 128.25 GiB. GPU 0
+    has a total capacity of 139.72 GiB of which 101.35 GiB is free"), else from the device;
+    over budget where the request passes ``budget`` x the ``arguments``' bytes plus the
+    ``largest`` argument's (an output or gradient that size is not workspace)."""
+    message = str(exc)
+    asked = _amount(r"[Tt]ried to allocate ", message)
+    total, free = _amount(r"total capacity of ", message), _amount(r"of which ", message)
+    if total is None and torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info()
+    device = (f"the device has {_gib(total)}" + (f", {_gib(free)} of it free" if free is not None else "")
+              if total is not None else "the device's memory is unknown")
+    wanted = f"asked for {_gib(asked)} at once" if asked is not None else "ran out of memory (no size in the error)"
+    head = f"{name} {wanted} on the large problem; {device} ({type(exc).__name__}: {message.splitlines()[0][:160].rstrip('.')})"
+    if budget is None:
+        return OutOfMemory(f"{head}. Not a wrong answer: the problem is past 2**31 elements on purpose (declare "
+                           f"{name}.memory_budget to make a request past it a failure)", over_budget=False)
+    allowed = budget * arguments + largest
+    if asked is not None and asked > allowed:
+        return OutOfMemory(f"{head}. Its declared memory_budget of {budget:g} x its arguments' {_gib(arguments)} "
+                           f"(plus one output of the largest argument's size) allows {_gib(allowed)}: over it",
+                           over_budget=True)
+    return OutOfMemory(f"{head}. Within its declared memory_budget ({budget:g} x its arguments' "
+                       f"{_gib(arguments)}): the device is too small for the problem", over_budget=False)
 
 
 def _problem(op: str) -> LargeProblem:
@@ -112,16 +172,32 @@ def check(op: str, impl: Implementation, dtype: torch.dtype, device: torch.devic
     for name, held in (impl.limits.fixed.items() if impl.limits else ()):
         if name in values:
             values[name] = held  # a scalar its signature does not take (declared limits): its default
+    for name, allowed in (impl.limits.values.items() if impl.limits else ()):
+        if name in values and values[name] not in allowed:
+            values[name] = allowed[0]  # a value its declared limits exclude: the problem at one they allow
     grads_wanted = bool(spec.grad_inputs) and impl.supports_backward
     for name in spec.grad_inputs if grads_wanted else ():
         values[name] = values[name].detach().requires_grad_(True)
-    outs = impl.outputs(impl.call(values, spec.arguments))
-    grads = {}
-    if grads_wanted:
-        dys = {n: randn(outs[n].shape, outs[n].dtype, device) for n in spec.grad_outputs}
-        got = torch.autograd.grad([outs[n] for n in spec.grad_outputs], [values[a] for a in spec.grad_inputs],
-                                  [dys[n] for n in spec.grad_outputs])
-        grads = dict(zip(spec.grad_inputs, got))
+    budget = declarations.memory_budget(getattr(impl.fn, "memory_budget", None), impl.name)
+    sizes = [v.numel() * v.element_size() for v in values.values() if isinstance(v, torch.Tensor)]
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    grads, dys = {}, {}
+    try:
+        outs = impl.outputs(impl.call(values, spec.arguments))
+        if grads_wanted:
+            dys = {n: randn(outs[n].shape, outs[n].dtype, device) for n in spec.grad_outputs}
+            got = torch.autograd.grad([outs[n] for n in spec.grad_outputs], [values[a] for a in spec.grad_inputs],
+                                      [dys[n] for n in spec.grad_outputs])
+            grads = dict(zip(spec.grad_inputs, got))
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        raise out_of_memory(exc, impl.name, budget, sum(sizes), max(sizes)) from exc
+    if budget is not None and device.type == "cuda":
+        _within_budget(impl.name, budget, torch.cuda.max_memory_allocated(device) - before, sum(sizes),
+                       [*outs.values(), *grads.values(), *dys.values()])
     first = values[problem.sliced[0]]
     if problem.split == "sequences":
         count = values[problem.offsets[problem.sliced[0]]].numel() - 1
@@ -153,6 +229,17 @@ def check(op: str, impl: Implementation, dtype: torch.dtype, device: torch.devic
                        {n: cut(n, g) for n, g in grads.items() if n not in problem.whole_sum_grads},
                        impl, where, index)
     return len(index)
+
+
+def _within_budget(name: str, budget: float, peak: int, arguments: int, made: list[torch.Tensor]) -> None:
+    """Fail where the call's peak device memory, less the outputs, gradients and upstream
+    gradients it left (``made``), passed ``budget`` x the arguments' bytes."""
+    kept = sum(t.numel() * t.element_size() for t in made)
+    workspace = peak - kept
+    if workspace > budget * arguments:
+        raise AssertionError(f"{name} allocated {_gib(workspace)} at its peak on the large problem besides its outputs "
+                             f"and gradients, more than its declared memory_budget of {budget:g} x its arguments' "
+                             f"{_gib(arguments)} ({_gib(budget * arguments)})")
 
 
 def _compare_grads(spec, problem, case, sub, dys, grads, impl, where, index) -> None:

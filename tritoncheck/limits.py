@@ -328,6 +328,39 @@ class Limits:
                 specs[name] = dataclasses.replace(specs[name], layout=None if order is None else Layout(order=order))
         return dataclasses.replace(case, tensors=specs)
 
+    def outside_call(self, op: Any, values: Mapping[str, Any], passed: Sequence[str]) -> None:
+        """Raise :class:`OutsideLimits` where a call of the implementation with ``values``
+        (the contract arguments ``passed``; tensors in the contract's layout) lies outside
+        the declared limits: a scalar outside its declared ``values``, a named dim outside
+        its sizes, a float tensor of ``same_dtype`` in another dtype than the first tensor.
+
+        The one place every check's call passes (``Implementation.call``): a check that
+        passes values of its own (attention's softcap 512 against a plain call, window
+        equivalences' windows and causal flag) is bound by the declared domain as the drawn
+        cases are, or not applicable (the harness discards such an example, and skips a
+        test that could run none)."""
+        if not (self.values or self.sizes or self.min_size or self.max_size or self.same_dtype):
+            return
+        for arg, allowed in self.values.items():
+            if arg in passed and arg in values and not any(same_value(values[arg], v) for v in allowed):
+                raise OutsideLimits(f"this check calls the implementation with {arg}={values[arg]!r}, outside its "
+                                    f"declared limits ({arg} in {list(allowed)})")
+        for dim, (tensor, axis) in op.dims.items():
+            t = values.get(tensor)
+            if not self.bounds(dim) or not hasattr(t, "shape") or t.dim() <= (axis if axis >= 0 else -axis - 1):
+                continue
+            n = t.shape[axis]
+            if not self.min_size.get(dim, n) <= n <= self.max_size.get(dim, n) or n not in self.sizes.get(dim, (n,)):
+                raise OutsideLimits(f"this check calls the implementation with {dim} = {n}, outside its declared "
+                                    f"limits ({self.describe()})")
+        tensors = [a for a in passed if hasattr(values.get(a), "dtype")]
+        for name in self.same_dtype:
+            t = values.get(name)
+            if name in passed and tensors and t is not None and t.dtype.is_floating_point \
+                    and t.dtype != values[tensors[0]].dtype:
+                raise OutsideLimits(f"this check calls the implementation with {name} in {t.dtype}, outside its "
+                                    f"declared limits ({name} in {tensors[0]}'s dtype)")
+
     def excludes(self, op: Any, case: Case) -> str | None:
         """Why ``case`` lies outside the limits, or None (for tests of the steering)."""
         for dim, (tensor, axis) in op.dims.items():

@@ -378,17 +378,34 @@ def _configure_run(config, profile: str) -> None:
 
 
 def _report_unrunnable(exc: unrunnable.Unrunnable, report, item) -> None:
-    """A test ended by a constant error (tritoncheck/unrunnable.py): failed with the verdict
-    and the first traceback, no Hypothesis output; skipped, with the verdict, when the error
-    is the Triton interpreter's (not a verdict on the kernel). The verdict travels in
-    ``user_properties`` (serialised by xdist) for the summary, printed once."""
-    error = exc.error
-    if error.under_interpreter:
+    """A test ended because every input it tried raised (tritoncheck/unrunnable.py): failed
+    with the verdict, no Hypothesis output; skipped, with the verdict, when every error is
+    the Triton interpreter's (not a verdict on the kernel)."""
+    if exc.verdict.skip:
         report.outcome = "skipped"
-        report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {error.verdict()}")
+        report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {exc.verdict.text}")
     else:
-        report.longrepr = exc.error.text(exc.test_id)
-    report.user_properties.append((unrunnable.PROPERTY, (error.verdict(), error.summary())))
+        report.longrepr = exc.verdict.text
+
+
+def _report_raised_inputs(target, excinfo, report) -> None:
+    """A check whose implementation raised on inputs: the summary's entries travel in
+    ``user_properties`` (serialised by xdist); a failure that is not the raised inputs'
+    verdict itself (a wrong value on an accepted input) carries it as a section, and a
+    Hypothesis ``Unsatisfiable`` (no input accepted before its own limit) is replaced by it."""
+    from hypothesis.errors import Unsatisfiable
+
+    from tritoncheck import harness
+    verdict = harness.raised_inputs_verdict(target)
+    if verdict is None:
+        return
+    report.user_properties.append((unrunnable.PROPERTY, tuple(tuple(vars(e).values()) for e in verdict.entries)))
+    if not report.failed or f"{target.id}: {target.impl.name} raised" in str(report.longrepr):
+        return
+    if excinfo is not None and excinfo.errisinstance(Unsatisfiable):
+        report.longrepr = verdict.text
+    else:
+        report.sections.append(("inputs the implementation raised on", verdict.text))
 
 
 def _hide_suite_frames(excinfo) -> bool:
@@ -425,7 +442,7 @@ class Session:
         self.kills: list[tuple[str, bool, float]] = []
         self.report: dict | None = None
         self.nothing_checked = False
-        self.unrunnable: dict[str, str] = {}  # verdict line -> its text, once per implementation and error
+        self.unrunnable: list[unrunnable.Entry] = []  # the raised inputs' summary entries, every check's
         self.verdicts: dict[str, str] = {}  # check id -> passed, failed, skipped, xfailed, xpassed, error
         self.crashes: dict[str, str] = {}  # check id -> what xdist and tritoncheck said of its crashed worker
         self.failures: dict[str, dict] = {}  # check id -> its record (tritoncheck/report/failures.py)
@@ -474,7 +491,7 @@ class Session:
             return
         for key, value in report.user_properties:
             if key == unrunnable.PROPERTY:
-                self.unrunnable.setdefault(value[0], value[1])
+                self.unrunnable.extend(unrunnable.Entry(*entry) for entry in value)
             if key == CRASH_PROPERTY:
                 from tritoncheck.report import failures
                 test = report.nodeid.partition("[")[2].rstrip("]")
@@ -522,9 +539,7 @@ class Session:
             # Hypothesis's statistics (set by its plugin's wrapper, inside this one) say
             # when it stopped because there was no distinct case left to draw
             exhausted = "nothing left to do" in getattr(item, "hypothesis_statistics", "")
-            problem = harness.unearned_pass(item.callspec.params["target"], exhausted)
-            if problem:
-                pytest.fail(problem, pytrace=False)
+            harness.finish(item.callspec.params["target"], exhausted)
         return result
 
     @pytest.hookimpl(hookwrapper=True)
@@ -533,33 +548,61 @@ class Session:
         if call.excinfo is not None and item.get_closest_marker(CHECK) and not item.config.getoption("fulltrace"):
             suite_only = _hide_suite_frames(call.excinfo)
         report = (yield).get_result()
+        if call.when != "call":
+            return
         if suite_only and report.failed:
             # the check's own verdict (a value off, too few examples): its message says it all
             # (the worst element, the case, the replay); the suite's source would not
             report.longrepr = "".join(traceback.format_exception_only(call.excinfo.type, call.excinfo.value)).rstrip()
-        ended = call.when == "call" and call.excinfo is not None and call.excinfo.errisinstance(unrunnable.Unrunnable)
+        ended = call.excinfo is not None and call.excinfo.errisinstance(unrunnable.Unrunnable)
         if ended:
             _report_unrunnable(call.excinfo.value, report, item)
-        elif call.when == "call" and item.get_closest_marker(CHECK):
+        if item.get_closest_marker(CHECK):
             from tritoncheck import harness
-            harness.account_refusals(item.callspec.params["target"], call.excinfo, report, item)
+            target = item.callspec.params["target"]
+            if not ended:
+                harness.account_refusals(target, call.excinfo, report, item)
+            _report_raised_inputs(target, call.excinfo, report)
+        self._broken_context(item, call, report)
         if report.failed and call.excinfo is not None and item.get_closest_marker(CHECK):
             from tritoncheck.report import failures
             # an attribute of the report: xdist carries it to the controller with the report
             setattr(report, FAILURE_ATTRIBUTE, failures.of_exception(item.callspec.params["target"],
                                                                      call.excinfo.value, CONFIG.report_dir))
-        if call.when == "call" and report.failed and self.cuda_broken_by is None and self.backend == "cuda":
-            import torch
-            try:
-                torch.cuda.synchronize()  # returns the sticky error if the context is broken
-            except Exception as exc:  # noqa: BLE001 - torch's class for it varies by version
-                self.cuda_broken_by = f"{item.nodeid} ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+
+    def _broken_context(self, item, call, report) -> None:
+        """A test that left this process's CUDA context broken (tritoncheck/worker_crashes.py)
+        fails, naming the error (and, for a check, its case and replay). In an xdist worker
+        the worker then ends itself, inside this test, so that xdist counts this test as the
+        crash and runs the others in a fresh worker; in a single process the later tests
+        cannot run (:meth:`pytest_runtest_setup` fails them, naming this one)."""
+        from tritoncheck import worker_crashes
+        if call.excinfo is not None and call.excinfo.errisinstance(worker_crashes.ContextBroken):
+            text = call.excinfo.value.text
+        elif self.cuda_broken_by is None and (error := worker_crashes.broken_context(self.backend)):
+            text = (f"{item.nodeid}: the CUDA context of this process was found broken at the end of this test: "
+                    f"{error} (the test itself {report.outcome}; CUDA reports a kernel's error at a later call)")
+        else:
+            return
+        self.cuda_broken_by = f"{item.nodeid} ({text.splitlines()[0].partition(': ')[2]})"
+        if self.worker is not None:
+            from tritoncheck import harness
+            try:  # the report's rows of this worker's earlier tests; the worker ends whether or not
+                harness.collector().dump(CONFIG.report_dir / "parts", self.worker, gpu=devices.current_gpu(self.backend))
+            except Exception:  # noqa: BLE001, S110 - a broken context may refuse even this
+                pass
+            worker_crashes.in_flight_path(CONFIG.report_dir, self.worker).unlink(missing_ok=True)
+            worker_crashes.end_worker(CONFIG.report_dir, self.worker, item.nodeid, text)
+        report.outcome, report.longrepr = "failed", (
+            f"{text}\n(a single process runs every test here, so the tests after this one cannot run: with "
+            "pytest-xdist (-n 1) or the tritoncheck command a broken worker is replaced instead)")
 
     def pytest_runtest_setup(self, item):
         if self.cuda_broken_by:
             pytest.fail(f"not run: the CUDA context of this process was broken by {self.cuda_broken_by}; "
-                        "every CUDA call here now fails. Fix that failure first (run that test alone "
-                        "to see it), or deselect it.", pytrace=False)
+                        "every CUDA call here now fails. Run with pytest-xdist (-n 1) or the tritoncheck command, "
+                        "whose broken worker is replaced and this test run, or fix or deselect that test.",
+                        pytrace=False)
 
     def pytest_sessionfinish(self, session, exitstatus):
         import torch

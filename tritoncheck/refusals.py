@@ -17,7 +17,8 @@ so a refusal:
 A ``ValueError``, ``TypeError`` or ``NotImplementedError`` raised out of the
 implementation's own frames that no declaration covers is an *undeclared* refusal. By
 default (``--refusals auto``) it fails the test with its traceback, as every other
-exception does; ``--refusals discard`` counts it as a refusal instead, but a test in
+exception does (a user's: at the test's end, the other inputs judged first, with where it
+was raised: tritoncheck/unrunnable.py); ``--refusals discard`` counts it as a refusal instead, but a test in
 which undeclared refusals took more than :data:`UNDECLARED_SHARE_MAX` of the examples
 fails, naming their messages and the first traceback (``harness.unearned_pass``), so
 that an undeclared refusal never makes a silent pass. Declared refusals are discarded

@@ -345,7 +345,9 @@ class Implementation:
     def call(self, values: Mapping[str, Any], passed: tuple[str, ...], extra: Mapping[str, Any] | None = None):
         """The function on ``values``, passing the contract arguments ``passed`` (the others
         keep its defaults) and ``extra`` keywords, as its calling convention says; a refusal
-        (tritoncheck/refusals.py) comes out as ``Refused``. The raw result."""
+        (tritoncheck/refusals.py) comes out as ``Refused``, a call outside the declared limits
+        as ``OutsideLimits``. The raw result."""
+        self.limits.outside_call(OPS[self.op], values, passed)  # a check's own values obey the declared limits
         if self.calling is None:
             return refusals.call(self.fn, [values[a] for a in passed], dict(extra or {}))
         args, kwargs = self.calling.call_arguments(values, passed)

@@ -24,4 +24,4 @@ TARGETS = harness.targets()
 @pytest.mark.parametrize("target", harness.params(TARGETS))
 @given(data=st.data())
 def test_check(target, data):
-    target.run(target.draw(data), data)
+    target.run(target.draw(data))

@@ -164,11 +164,11 @@ def end_of_run(tr, session, report_dir, live: bool) -> None:
     if data is None:
         return
     verbose = tr.config.getoption("verbose") > 0
-    if session.unrunnable and not live:
-        tr.section("implementations that raise the same error on every input")
-        for line, trace in session.unrunnable.items():
+    if session.unrunnable:
+        from tritoncheck import unrunnable
+        tr.section("inputs the implementations raised on (each test failed, or skipped under the interpreter)")
+        for line in unrunnable.summary_lines(session.unrunnable):
             tr.write_line(line, red=True)
-            tr.write_line(trace.partition("\n")[2])
     if live and data.get("failures"):
         tr.section(f"failures ({len(data['failures'])})", red=True)
         for line in failures.brief(data["failures"]):

@@ -22,16 +22,89 @@ crashed while running '<nodeid>'". Two things that leaves out, added here:
   workers); :class:`WorkerCrashes`, on the controller, moves it to the test's replay file
   when xdist reports the crash, and adds the case in words and the replay command to the
   test's failure, which the tritoncheck report then counts and names.
+
+A kernel that breaks its process's CUDA context (a wild or misaligned access) is made to
+cost the same: the test in which the error surfaces ends (:class:`ContextBroken`), and its
+worker ends itself inside that test (:func:`end_worker`), leaving the error, the case and
+its replay for the controller, so that xdist blames that test and runs the others in a
+fresh worker (issue 36: one misaligned address in PyTorch's SDPA failed 55-61 other tests
+of its worker as "not run: the CUDA context of this process was broken").
 """
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 # the report's user property that carries a crash's text to the session (tritoncheck/plugin.py)
 CRASH_PROPERTY = "tritoncheck_crash"
+# the exit status of a worker that ends itself because its CUDA context broke (ContextBroken)
+CONTEXT_BROKEN_EXIT = 86
+
+
+class ContextBroken(BaseException):  # noqa: N818 - a verdict, raised to end the test, not an error of the suite
+    """Ends a test whose kernel left the process's CUDA context broken (a wild or misaligned
+    access: "CUDA error: misaligned address", "an illegal memory access was encountered"),
+    with the text that names the error, the case and its replay. A ``BaseException``, so
+    Hypothesis neither catches it nor shrinks (every later call would raise the same error,
+    whatever the input). The plugin then ends the xdist worker (:func:`end_worker`), whose
+    replacement runs the other tests; in a single process later tests cannot run."""
+
+    def __init__(self, text: str):
+        self.text = text
+        super().__init__(text)
+
+
+_simulated: str | None = None
+
+
+def simulate_broken_context(error: str | None) -> None:
+    """Make :func:`broken_context` report ``error`` in this process (None: stop): the CPU's
+    stand-in for a CUDA error stuck to the context, for the tests of this machinery."""
+    global _simulated
+    _simulated = error
+
+
+def broken_context(backend_name: str) -> str | None:
+    """The error stuck to this process's CUDA context (its first line), or None where the
+    context is sound or there is none (only a CUDA run has one; a simulated one anywhere)."""
+    if _simulated is not None:
+        return _simulated
+    if backend_name != "cuda":
+        return None
+    import torch
+    if not torch.cuda.is_initialized():
+        return None  # no context in this process: nothing to break (and none made by asking)
+    try:
+        torch.cuda.synchronize()  # raises the sticky error of a broken context
+    except Exception as exc:  # noqa: BLE001 - torch's class for it varies by version (RuntimeError, AcceleratorError)
+        text = str(exc).strip()
+        return text.splitlines()[0] if text else type(exc).__name__
+    return None
+
+
+def context_note_path(report_dir: Path, worker: str) -> Path:
+    """Where the xdist worker ``worker`` leaves why it ended itself (hidden, read by the controller)."""
+    return Path(report_dir) / "failures" / f".context-broken-{worker}.json"
+
+
+def end_worker(report_dir: Path, worker: str, nodeid: str, text: str) -> None:
+    """End this xdist worker at once, leaving ``text`` (the error, the case, the replay) for
+    the controller, which fails ``nodeid`` with it (:meth:`WorkerCrashes.pytest_handlecrashitem`).
+
+    Why here and now: the worker must die while ``nodeid`` is still the test xdist counts as
+    running. xdist marks a test done when the worker reports its protocol complete, after
+    its teardown; a worker that ended later (at the next test's setup, where the plugin
+    used to fail every later test as "not run") would have xdist blame that next test, an
+    innocent one, as the crash. Dying inside the test's call, the crash is the test's own,
+    and xdist hands the worker's other pending tests to its replacement, a fresh process
+    with a sound context, where each gets its own verdict."""
+    path = context_note_path(report_dir, worker)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"nodeid": nodeid, "text": text}))
+    os._exit(CONTEXT_BROKEN_EXIT)
 # xdist's default --max-worker-restart per worker process (xdist 3.8: numprocesses * 4)
 XDIST_RESTARTS_PER_WORKER = 4
 
@@ -116,8 +189,9 @@ class WorkerCrashes:
         self.startup_crashes = 0
         self._collected: set = set()  # the worker controllers that finished collecting
         # a file left by a run that was itself killed would name a case of that run
-        for stale in (self.report_dir / "failures").glob(".in-flight-*.json"):
-            stale.unlink(missing_ok=True)
+        for pattern in (".in-flight-*.json", ".context-broken-*.json"):
+            for stale in (self.report_dir / "failures").glob(pattern):
+                stale.unlink(missing_ok=True)
 
     @pytest.hookimpl
     def pytest_xdist_node_collection_finished(self, node, ids) -> None:
@@ -142,10 +216,21 @@ class WorkerCrashes:
         made a failed check (the session's verdicts and counts, the tritoncheck report)
         with the case that was running and its replay, from the worker's in-flight file."""
         test = crashitem.partition("[")[2].rstrip("]")
-        if test not in self.check_ids:
-            return None  # not a check: xdist's report as it is
         node = getattr(report, "node", None)
         worker = node.gateway.id if node is not None else None
+        broken = self._context_note(crashitem, worker) if worker is not None else None
+        if broken is not None:
+            # the worker ended itself, on purpose, in this test (end_worker): its text says why
+            report.when = "call"
+            report.longrepr = (f"{broken}\n(worker {worker!r} ended itself there, its CUDA context unusable; xdist "
+                               "replaced it, and the other tests ran in the fresh worker)")
+            if test in self.check_ids:
+                report.keywords[self.check_marker] = 1
+                in_flight_path(self.report_dir, worker).unlink(missing_ok=True)
+            report.user_properties.append((CRASH_PROPERTY, f"{report.longrepr}"))
+            return None
+        if test not in self.check_ids:
+            return None  # not a check: xdist's report as it is
         replay = self._replay_file(test, worker) if worker is not None else None
         report.keywords[self.check_marker] = 1
         if replay is None:
@@ -162,6 +247,16 @@ class WorkerCrashes:
         report.longrepr = f"{report.longrepr}{text}"
         report.user_properties.append((CRASH_PROPERTY, f"{report.longrepr}"))
         return None  # firstresult: None leaves other plugins' handlers (a rerun) to run
+
+    def _context_note(self, nodeid: str, worker: str) -> str | None:
+        """The text a worker left when it ended itself in ``nodeid`` (:func:`end_worker`), or None."""
+        source = context_note_path(self.report_dir, worker)
+        try:
+            data = json.loads(source.read_text())
+        except (OSError, ValueError):
+            return None
+        source.unlink(missing_ok=True)
+        return data.get("text") if data.get("nodeid") == nodeid else None
 
     def _replay_file(self, test: str, worker: str) -> tuple[Path, dict] | None:
         """The worker's in-flight case moved to the test's replay file, or None when the
