@@ -117,10 +117,10 @@ def test_through_pytest_a_failure_shows_the_code_under_test_not_the_suites(user_
                  "-k", "matches_reference and not gradients"], user_dir, {"PYTHONPATH": str(ROOT)})
     out = done.stdout
     assert done.returncode == 1 and "== FAILURES ==" in out, out[-3000:] + done.stderr[-3000:]
-    assert "demo_buggy.py:17: TypeError" in out and "dtpye=x.dtype" in out, out
+    assert 'demo_buggy.py", line 17, in softmax' in out and "dtpye=x.dtype" in out, out
     for noise in ("harness.py", "suite.py:", "refusals.py", "reproduce_failure", "Case(op="):
         assert noise not in out, noise
-    assert "Draw 1 (case): softmax(x, temperature) in float32" in out
+    assert "the first such input:\nsoftmax(x, temperature) in float32" in out, out
 
 
 def test_pytest_with_impl_checks_the_users_kernels_package(user_dir):
@@ -191,7 +191,7 @@ def test_a_signature_that_cannot_bind_is_a_usage_error_at_load(user_dir):
     out = done.stdout + done.stderr
     assert done.returncode == 2, out[-3000:]
     assert "too many positional arguments" in out and "Its parameters: (x, freqs)" in out, out[-3000:]
-    assert "rope(x, cos, sin)" in out and " passed" not in out, out[-3000:]
+    assert "rope(x, cos, sin)" in out and not re.search(r"\d+ passed", out), out[-3000:]
     done = _run(["-m", "pytest", str(ROOT / "tests" / "test_checks.py"), "--collect-only", "-q", "-p", "no:xdist",
                  "--rootdir", str(ROOT), "--impl", "rope=wrong_rope:rope"], user_dir, env={"PYTHONPATH": str(user_dir)})
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, (done.stdout + done.stderr)[-3000:]

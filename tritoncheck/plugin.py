@@ -545,7 +545,9 @@ class Session:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
         suite_only = False
-        if call.excinfo is not None and item.get_closest_marker(CHECK) and not item.config.getoption("fulltrace"):
+        # a skip or an xfail keeps its frames: pytest reports it from its last visible one
+        if call.excinfo is not None and item.get_closest_marker(CHECK) and not item.config.getoption("fulltrace") \
+                and not call.excinfo.errisinstance((pytest.skip.Exception, pytest.xfail.Exception)):
             suite_only = _hide_suite_frames(call.excinfo)
         report = (yield).get_result()
         if call.when != "call":

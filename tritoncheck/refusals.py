@@ -74,8 +74,18 @@ class Refused(Exception):
 
     def traceback_text(self, limit: int = 12) -> str:
         """The original exception's traceback (its innermost ``limit`` frames), as printed."""
-        return "".join(traceback.format_exception(type(self.original), self.original,
-                                                  self.original.__traceback__, limit=-limit))
+        return code_under_test_traceback(self.original, limit)
+
+
+def code_under_test_traceback(exc: BaseException, limit: int = 12) -> str:
+    """``exc``'s traceback as printed, less the frames of the suite's engine (its call into
+    the implementation is no part of the implementation's error), innermost ``limit`` kept."""
+    engine = str(Path(__file__).resolve().parent)
+    tb = exc.__traceback__
+    while tb is not None and str(Path(tb.tb_frame.f_code.co_filename).resolve()).startswith(engine + "/") \
+            and tb.tb_next is not None:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb, limit=-limit))
 
 
 @functools.cache

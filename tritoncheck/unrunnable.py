@@ -33,10 +33,9 @@ take it on purpose (``fn.limits``, ``fn.refuses``, ``tritoncheck.Refusal``), or 
 from __future__ import annotations
 
 import re
-import traceback
 from dataclasses import dataclass, field
 
-from tritoncheck import case_contrast
+from tritoncheck import case_contrast, refusals
 from tritoncheck.strategies import Case
 
 INTERPRETER_ERROR = "InterpreterError"  # triton.runtime.errors.InterpreterError, matched by name (no triton import)
@@ -165,7 +164,7 @@ class Record:
         sig = signature(exc)
         found = self.raised.get(sig)
         if found is None:
-            frames = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-TRACEBACK_FRAMES))
+            frames = refusals.code_under_test_traceback(exc, TRACEBACK_FRAMES)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             found = self.raised[sig] = Raised(
                 sig[0], first, [], frames, replay, import_error=isinstance(exc, ImportError),

@@ -111,7 +111,9 @@ def of_exception(target, exc: BaseException, report_dir: Path) -> dict:
     test, check = target.id, target.check.name
     where = error = None
     if isinstance(exc, unrunnable.Unrunnable):
-        kind, message, error = UNRUNNABLE, exc.error.verdict(), exc.error.error
+        verdict = exc.verdict
+        kind, message = UNRUNNABLE, verdict.text.split("\nits traceback")[0].strip()
+        error = verdict.entries[0].error if verdict.entries else message.splitlines()[0]
     elif isinstance(exc, AssertionError):
         kind, message = ASSERTION, _message_of_assertion(str(exc), test, check)
     elif isinstance(exc, pytest.fail.Exception):
