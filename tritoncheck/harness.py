@@ -420,8 +420,11 @@ def failure_stem(test_id: str) -> str:
 
 def replay_record(target: Target, case: Case) -> dict:
     """What ``python -m tritoncheck.replay`` reads: the check, the implementation and the case."""
-    return {"check": target.check.name, "impl": target.impl.target, "impl_name": target.impl.name,
-            "backend": backend.current(), "case": case.to_json()}
+    record = {"check": target.check.name, "impl": target.impl.target, "impl_name": target.impl.name,
+              "backend": backend.current(), "case": case.to_json()}
+    if target.op.origin:  # an op defined with tritoncheck.op: the replay imports its definition first
+        record["op_origin"] = target.op.origin
+    return record
 
 
 def save_failure(target: Target, case: Case) -> Path:

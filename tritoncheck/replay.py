@@ -10,6 +10,7 @@ seed, injected values): inputs are rebuilt bit for bit from it.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import traceback
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ops = registry.load()
     case = Case.from_json(data["case"])
+    if case.op not in ops and data.get("op_origin"):  # an op defined with tritoncheck.op: import its module
+        importlib.import_module(data["op_origin"].partition(":")[0])
     op = ops[case.op]
     target = args.impl or data["impl"]
     if not target:
