@@ -13,7 +13,6 @@ tests (every check claimed by a mutant of tritoncheck.mutants, ...) are about th
 
     python -m pytest tests/test_examples.py -n 2 -p no:randomly
 """
-import contextlib
 import importlib
 import inspect
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tritoncheck import backend, registry, selfcheck
+from tritoncheck import backend, large_problem, registry, selfcheck
 from tritoncheck.config import CONFIG
 from tritoncheck.define.op import DEFINITIONS
 from tritoncheck.mutation import Mutant
@@ -102,7 +101,8 @@ def short_lengths_on_the_interpreter(monkeypatch):
     all of it the derived rule's tracked evaluation of the padded [65537, 1, 128] blocks
     (evaluated although both outputs are exact). The GPU run (scripts/gpu_examples.sh)
     draws them all."""
-    monkeypatch.setattr(CONFIG, "long_percent", lambda small=5: CONFIG.pick(0, 33))
+    if backend.current() == "interpret":
+        monkeypatch.setattr(CONFIG, "long_percent", lambda small=5: 0)
 
 
 @pytest.mark.usefixtures("short_lengths_on_the_interpreter")
@@ -184,12 +184,14 @@ def _large_targets():
     return [pytest.param(impl, id=f"{impl.op}.{impl.name}") for impl in IMPLEMENTATIONS["kernel"]]
 
 
-@contextlib.contextmanager
-def _small_problems(monkeypatch):
+def _large_dtype(op: str) -> torch.dtype:
+    """The dtype the large-index check takes for ``op`` (tests/test_large_index.py's preference)."""
+    return next(d for d in (torch.bfloat16, torch.float16, torch.float32) if d in OPS[op].dtypes)
+
+
+def _small_problems(monkeypatch) -> None:
     """The large problems at a few thousand elements: the machinery, not the offsets."""
-    import tritoncheck.large_problem as large
-    monkeypatch.setattr(large, "PAST_INT32", 3000)
-    yield
+    monkeypatch.setattr(large_problem, "PAST_INT32", 3000)
 
 
 @pytest.mark.parametrize("kernel", _large_targets())
@@ -197,24 +199,23 @@ def test_the_large_index_check_runs_each_example_at_a_small_size(kernel, monkeyp
     """The large-index check of each example (tritoncheck/large_index.py), its problem built at
     3000 elements: slices cut, compared with the fp64 reference and the op's allowance."""
     from tritoncheck.large_index import check
-    with _small_problems(monkeypatch):
-        op = OPS[kernel.op]
-        dtype = next(d for d in (torch.bfloat16, torch.float16, torch.float32) if d in op.dtypes)
-        assert check(kernel.op, kernel, dtype, backend.device()) >= 1
+    _small_problems(monkeypatch)
+    assert check(kernel.op, kernel, _large_dtype(kernel.op), backend.device()) >= 1
 
 
 @pytest.mark.parametrize("mutant", [pytest.param(m, id=f"{m.op}.{m.name}") for m in LARGE_MUTANTS])
 def test_an_int32_offset_mutant_differs_from_its_kernel_only_past_int32(mutant, monkeypatch):
-    """On every backend: the mutant is its kernel less the int64 cast (its source says so), and
-    at a small size it passes the large-index check, as it must: the wrapped offset needs
-    an input past 2**31 elements (test_an_int32_offset_is_caught, on a GPU)."""
+    """On every backend: the mutant is its kernel with one line changed, an int64 cast gone,
+    and at a small size it passes the large-index check, as it must: the wrapped offset
+    needs an input past 2**31 elements (test_an_int32_offset_is_caught, on a GPU)."""
     from tritoncheck.large_index import check
-    kernel = importlib.import_module(OPS[mutant.op].kernel.partition(":")[0])
-    patched = sys.modules[mutant.fn.__module__]
-    assert "to(tl.int64)" in inspect.getsource(kernel) and inspect.getsource(patched) != inspect.getsource(kernel)
-    impl = selfcheck.as_implementation(mutant)
-    with _small_problems(monkeypatch):
-        assert check(mutant.op, impl, torch.float16, backend.device()) >= 1
+    kernel = inspect.getsource(importlib.import_module(OPS[mutant.op].kernel.partition(":")[0])).splitlines()
+    patched = inspect.getsource(sys.modules[mutant.fn.__module__]).splitlines()
+    removed, added = set(kernel) - set(patched), set(patched) - set(kernel)
+    assert len(removed) == len(added) == 1, (removed, added)
+    assert "tl.int64" in removed.pop() and "tl.int64" not in added.pop()
+    _small_problems(monkeypatch)
+    assert check(mutant.op, selfcheck.as_implementation(mutant), torch.float16, backend.device()) >= 1
 
 
 @CUDA_ONLY
@@ -224,7 +225,7 @@ def test_past_int32_offsets_match_the_reference(kernel):
     from test_large_index import _one_at_a_time, _why_not
 
     from tritoncheck.large_index import check
-    dtype = next(d for d in (torch.bfloat16, torch.float16, torch.float32) if d in OPS[kernel.op].dtypes)
+    dtype = _large_dtype(kernel.op)
     with _one_at_a_time():
         reason = _why_not(kernel.op, dtype)
         if reason:
