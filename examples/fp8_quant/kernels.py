@@ -128,7 +128,7 @@ def _dequantize_kernel(
         q = tl.load(Q + offs_m[:, None] * stride_qm + cols[None, :] * stride_qk, mask=mask, other=0.0)
         tl.store(X + offs_m[:, None] * stride_xm + cols[None, :] * stride_xk, q.to(tl.float32) * s[:, None],
                  mask=mask)
-        s = tl.load(s_rows + tl.minimum(block + 1, last) * stride_sk, mask=row_ok, other=1.0)
+        s = tl.load(s_rows + tl.minimum(block + 1, last).to(tl.int64) * stride_sk, mask=row_ok, other=1.0)
 
 
 def _checked_2d(name: str, t, dtypes) -> None:
