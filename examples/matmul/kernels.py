@@ -122,7 +122,7 @@ def _sum_splits_kernel(
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     ws_ptrs = WS + offs_m[:, None] * stride_wm + offs_n[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for s in range(0, SPLIT_K):
+    for _split in range(0, SPLIT_K):
         acc += tl.load(ws_ptrs, mask=mask, other=0.0)
         ws_ptrs += stride_ws  # 64-bit pointer steps: SPLIT_K * M * N may pass 2**31
     tl.store(C + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(C.dtype.element_ty), mask=mask)

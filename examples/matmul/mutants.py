@@ -33,7 +33,7 @@ fp16_accumulator = mutation.mutant(
 
 split_lost = mutation.mutant(
     "matmul", kernels,
-    [("for s in range(0, SPLIT_K):", "for s in range(0, SPLIT_K - 1):")],
+    [("for _split in range(0, SPLIT_K):", "for _split in range(0, SPLIT_K - 1):")],
     name="split_lost", attr="matmul_split_k",
     bug="The split-K reduction stops one split short: the last split's partial sum (K blocks SPLIT_K - 1, "
         "2 SPLIT_K - 1, ...) never reaches c. With one split (K <= BLOCK_K) c is all zeros.",
