@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from tritoncheck.define import domains
 from tritoncheck.define.signature import DimExpression
 from tritoncheck.generic import generic_checks, precision, run
-from tritoncheck.large_problem import PAST_INT32, LargeProblem
+from tritoncheck.large_problem import LargeProblem, rows_past_int32
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
 from tritoncheck.registry import OPS, Check, Implementation, NotApplicable, OpSpec
 from tritoncheck.strategies import Case, tensors
@@ -154,16 +154,17 @@ def large_problem(definition: "Definition") -> LargeProblem | NotApplicable:
         sizes[name] = max(d.min, min(SMALL, top)) // d.multiple_of * d.multiple_of or d.multiple_of
     per_row = max(math.prod(int(e.size(sizes)) if isinstance(e, DimExpression) else int(e) for e in spec.shape[1:]
                             if e != "...") for spec in sig.tensors.values() if grown in spec.dim_names)
-    sizes[grown] = PAST_INT32 // max(per_row, 1) + 1
     sliced = tuple(n for n, spec in sig.tensors.items() if grown in spec.dim_names)
 
     def build(dtype, device):
+        # sized when built (PAST_INT32 as it is then: the small-size machinery tests lower it)
+        now = {**sizes, grown: rows_past_int32(max(per_row, 1))}
         out = {}
         for name, spec in sig.tensors.items():
-            shape = tuple(e.size(sizes) if isinstance(e, DimExpression) else (1 if e == "..." else e)
+            shape = tuple(e.size(now) if isinstance(e, DimExpression) else (1 if e == "..." else e)
                           for e in spec.shape)
             chosen = spec.dtype[0] if isinstance(spec.dtype, tuple) else spec.dtype
-            out[name] = domains.large(spec.values, shape, chosen or dtype, device, sizes)
+            out[name] = domains.large(spec.values, shape, chosen or dtype, device, now)
         return out
 
     params = {n: (s.choices[0] if s.choices else s.default if s.default is not None else s.low)

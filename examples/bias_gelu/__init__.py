@@ -1,0 +1,1 @@
+"""A user's fused bias + GELU epilogue checked against its own op definition."""

@@ -1,0 +1,1 @@
+"""A user's tiled matmul (and its split-K variant) checked against its own op definition."""
