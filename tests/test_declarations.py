@@ -196,14 +196,14 @@ def test_limits_describe():
     assert limits.describe() == "Nq <= 4096; D in [64, 128]; causal in [True]; q, k, v, alibi_slopes contiguous"
 
 
-def test_the_readme_declarations_are_valid():
-    """The README's attribute examples load, and its expected failure (deterministic,
-    scoped to CUDA) does not apply on the interpreter, where the check must pass."""
+def test_the_documented_declarations_are_valid():
+    """docs/declarations.md's attribute examples load, and its expected failure
+    (deterministic, scoped to CUDA) does not apply on the interpreter, where the check must pass."""
     import re
     from pathlib import Path
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if ".limits" in b]
-    assert len(blocks) == 2, "README: the attributes example and the limits example"
+    page = (Path(__file__).resolve().parents[1] / "docs" / "declarations.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if ".limits" in b]
+    assert len(blocks) == 2, "docs/declarations.md: the attributes example and the limits example"
     namespace = {"torch": torch}
     exec("def flash_attention(q, k, v, causal=False, sm_scale=None): ...\ndef rope(x, cos, sin): ...\n"
          + "\n".join(blocks), namespace)
