@@ -43,6 +43,7 @@ def _run(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.Comp
                           env={**clean, **(env or {})})
 
 
+@pytest.mark.smoke
 def test_the_command_passes_a_correct_kernel_and_fails_a_wrong_one_with_a_replay(user_dir):
     good = _run(["-m", "tritoncheck", "softmax=kernels.softmax:softmax", *CHEAP], user_dir)
     assert good.returncode == 0, good.stdout[-3000:] + good.stderr[-3000:]

@@ -34,6 +34,7 @@ CASE = Case("softmax", "float32", ("x", "temperature"),
             {"x": TensorSpec((2, 5), "float32", "normal", 1.0, 0)}, {"temperature": 1.0})
 
 
+@pytest.mark.smoke
 def test_failure_names_the_case_the_worst_element_and_a_replay_command(report_dir):
     with pytest.raises(AssertionError) as info:
         _failing_target().run(CASE)
@@ -43,6 +44,7 @@ def test_failure_names_the_case_the_worst_element_and_a_replay_command(report_di
         assert part in text, f"{part!r} missing from:\n{text}"
 
 
+@pytest.mark.smoke
 def test_standalone_script_reproduces_the_failure(report_dir):
     with pytest.raises(AssertionError):
         _failing_target().run(CASE)
@@ -52,6 +54,7 @@ def test_standalone_script_reproduces_the_failure(report_dir):
     assert "softmax output y: max |error|" in done.stdout and "FAILED: does not match" in done.stdout
 
 
+@pytest.mark.smoke
 def test_replay_module_reproduces_the_failure(report_dir):
     with pytest.raises(AssertionError):
         _failing_target().run(CASE)
