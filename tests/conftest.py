@@ -72,3 +72,6 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.smoke)
             elif item is not every_commit:
                 item.add_marker(pytest.mark.slow)
+    both = [item.nodeid for item in items if item.get_closest_marker("smoke") and item.get_closest_marker("slow")]
+    if both:
+        raise pytest.UsageError(f"marked both smoke and slow (smoke is part of every commit's tier): {both}")
