@@ -165,6 +165,9 @@ CRASHED_CHECKS = ("matches_reference", "rows_sum_to_one", "inputs_unchanged", "c
                   "values_in_unit_interval", "shift_invariant")
 
 
+# slow: every softmax check through the command with workers that crash and restart, about 75
+# CPU-seconds; on every commit tests/test_worker_crashes.py checks the same path in process
+@pytest.mark.slow
 def test_a_segfaulting_kernel_fails_each_test_by_name_with_a_replay_and_the_run_goes_on(tmp_path):
     """The command's default worker at work: tests/crashing_kernels.py's softmax segfaults on
     every call; each of six checks, more than xdist's default 4 restarts (tritoncheck/
