@@ -102,13 +102,21 @@ def _assert_inside(op_name, limits_decl):
             continue  # the check needs cases these limits exclude: skipped with that reason
 
 
-@pytest.mark.parametrize("op_name, dim", [(o, d) for o in sorted(OPS) for d in OPS[o].dims])
+def _each_op_first_on_every_commit(names_of) -> list:
+    """(op, name) for every op and each of its names, the op's first on every commit and the
+    others ``slow`` (tests/conftest.py): drawing every check's cases of an attention-like op
+    costs seconds a name, and one name per op exercises the op's strategy on every commit."""
+    return [pytest.param(o, n, marks=[] if i == 0 else [pytest.mark.slow])
+            for o in sorted(OPS) for i, n in enumerate(names_of(OPS[o]))]
+
+
+@pytest.mark.parametrize("op_name, dim", _each_op_first_on_every_commit(lambda op: op.dims))
 def test_size_limits_steer_every_check(op_name, dim):
     _assert_inside(op_name, {"max_size": {dim: 4}})
     _assert_inside(op_name, {"sizes": {dim: (4,)}})
 
 
-@pytest.mark.parametrize("op_name, arg", [(o, a) for o in sorted(OPS) for a in OPS[o].choices])
+@pytest.mark.parametrize("op_name, arg", _each_op_first_on_every_commit(lambda op: op.choices))
 def test_value_limits_steer_every_check(op_name, arg):
     _assert_inside(op_name, {"values": {arg: OPS[op_name].choices[arg][-1:]}})
 

@@ -342,6 +342,9 @@ SAME_RUN_KEYS = ("outputs", "summary", "verdicts", "coverage_per_test", "example
                  "refusals_per_test", "vacuous_per_test", "statistical", "skipped", "rows")
 
 
+# slow: four runs of the suite in child processes, about 45 CPU-seconds; on every commit
+# test_shards_are_a_stable_partition_by_test_id checks the split
+@pytest.mark.slow
 def test_three_shards_merged_equal_the_whole_run(tmp_path):
     """The same seed (the ci profile is derandomized), one small op, a few checks and
     examples: the whole run, then --shard 1/3, 2/3, 3/3, merged with `report merge`."""

@@ -26,14 +26,14 @@ OPS = registry.load()
 SMOKE_MUTANT = ("softmax", "padded_lanes_zero")  # the planted bug docs/reports.md shows failing
 
 
-def _kill_tier(mutant) -> list:
-    """Every commit hunts each op's first planted bug (by name) with every check it claims, a
-    representative subset whose kill rate .ci/run prints; the other kills are ``slow``
+def _kill_tier(mutant, check) -> list:
+    """Every commit hunts each op's first planted bug (by name) with the first check it claims,
+    a representative subset whose kill rate .ci/run prints; the other kills are ``slow``
     (tests/conftest.py: the nightly CPU run and the GPU run hunt them all)."""
     if (mutant.op, mutant.name) == SMOKE_MUTANT:
         return [pytest.mark.smoke]
     first = next(m for m in MUTANTS if m.op == mutant.op)
-    return [] if mutant is first else [pytest.mark.slow]
+    return [] if mutant is first and check == mutant.kills[0] else [pytest.mark.slow]
 
 
 def _control_tier(control, dtype, check) -> list:
@@ -45,7 +45,7 @@ def _control_tier(control, dtype, check) -> list:
 
 @pytest.mark.tritoncheck_mutant
 @pytest.mark.parametrize("mutant,check", [
-    pytest.param(m, c, id=f"{m.op}.{m.name}-{c}", marks=_kill_tier(m)) for m in MUTANTS for c in m.kills])
+    pytest.param(m, c, id=f"{m.op}.{m.name}-{c}", marks=_kill_tier(m, c)) for m in MUTANTS for c in m.kills])
 def test_mutant_killed(mutant, check):
     absent = mutant.absent_on(backend.current()) or selfcheck.not_runnable_here(mutant, check)
     if absent:
