@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU run, in parts that each fit one device call (600 s):
 #   bash scripts/gpu_run.sh suite kernels impl      # the gpu profile, the kernels' own tests, --impl runs
-#   bash scripts/gpu_run.sh selfcheck large         # every mutant and control, the large-index check
+#   bash scripts/gpu_run.sh selfcheck large slow    # every mutant and control, the large-index check, the slow tier's rest
+# Every part runs whole test files without -m, so both test tiers of those files run (docs/ci.md,
+# Test tiers); `slow` runs the slow tier's tests of the files no other part runs.
 # Logs land in $OUT/gpu/ and $OUT/gpu.tgz. Run from the checkout (installed or not).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -51,7 +53,15 @@ for part in "$@"; do
     timeout -s INT -k 10 200 python3 -m pytest tests/test_large_index.py -m large -q -rs --tb=short -p no:randomly \
         > "$OUT/gpu/large.log" 2>&1
     echo "large-index exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu/run.log"; tail -n 8 "$OUT/gpu/large.log" ;;
-  *) echo "unknown part $part (suite, kernels, impl, selfcheck, large)"; exit 2 ;;
+  slow)
+    log "the slow tier's tests of the files the other parts do not run"
+    ignore=(--ignore=tests/test_checks.py --ignore=tests/test_selfcheck.py --ignore=tests/test_context_parallel.py
+            --ignore=tests/test_bad_input.py --ignore=tests/test_poisoning.py --ignore=tests/test_dropout_training_path.py)
+    for f in tests/test_*_kernel.py; do ignore+=("--ignore=$f"); done
+    timeout -s INT -k 10 "${SLOW_S:-300}" python3 -m pytest tests -m slow "${ignore[@]}" -n 8 -q -rfs --tb=short \
+        -p no:randomly > "$OUT/gpu/slow.log" 2>&1
+    echo "slow tier exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu/run.log"; tail -n 8 "$OUT/gpu/slow.log" ;;
+  *) echo "unknown part $part (suite, kernels, impl, selfcheck, large, slow)"; exit 2 ;;
   esac
 done
 tar czf "$OUT/gpu.tgz" -C "$OUT" gpu && log "packed $OUT/gpu.tgz"

@@ -55,6 +55,7 @@ def _installed_site(tmp_path: Path) -> Path:
     return info.parent
 
 
+@pytest.mark.smoke
 def test_the_command_passes_a_correct_kernel_and_fails_a_wrong_one_with_a_replay(user_dir, tmp_path):
     """The command's output as a person reads it: a line per op x implementation x dtype as
     its verdict comes (from the xdist worker's reports), no dots, no pytest traceback, no
@@ -335,6 +336,9 @@ CRASHED_CHECKS = ("matches_reference", "rows_sum_to_one", "inputs_unchanged", "c
                   "values_in_unit_interval", "shift_invariant")
 
 
+# slow: every softmax check through the command with workers that crash and restart, about 75
+# CPU-seconds; on every commit tests/test_worker_crashes.py checks the same path in process
+@pytest.mark.slow
 def test_a_segfaulting_kernel_fails_each_test_by_name_with_a_replay_and_the_run_goes_on(tmp_path):
     """The command's default worker at work: tests/crashing_kernels.py's softmax segfaults on
     every call; each of six checks, more than xdist's default 4 restarts (tritoncheck/

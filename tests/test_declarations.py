@@ -114,13 +114,21 @@ def _assert_inside(op_name, limits_decl):
             continue  # the check needs cases these limits exclude: skipped with that reason
 
 
-@pytest.mark.parametrize("op_name, dim", [(o, d) for o in sorted(OPS) for d in OPS[o].dims])
+def _each_op_first_on_every_commit(names_of) -> list:
+    """(op, name) for every op and each of its names, the op's first on every commit and the
+    others ``slow`` (tests/conftest.py): drawing every check's cases of an attention-like op
+    costs seconds a name, and one name per op exercises the op's strategy on every commit."""
+    return [pytest.param(o, n, marks=[] if i == 0 else [pytest.mark.slow])
+            for o in sorted(OPS) for i, n in enumerate(names_of(OPS[o]))]
+
+
+@pytest.mark.parametrize("op_name, dim", _each_op_first_on_every_commit(lambda op: op.dims))
 def test_size_limits_steer_every_check(op_name, dim):
     _assert_inside(op_name, {"max_size": {dim: 4}})
     _assert_inside(op_name, {"sizes": {dim: (4,)}})
 
 
-@pytest.mark.parametrize("op_name, arg", [(o, a) for o in sorted(OPS) for a in OPS[o].choices])
+@pytest.mark.parametrize("op_name, arg", _each_op_first_on_every_commit(lambda op: op.choices))
 def test_value_limits_steer_every_check(op_name, arg):
     _assert_inside(op_name, {"values": {arg: OPS[op_name].choices[arg][-1:]}})
 
@@ -208,14 +216,14 @@ def test_limits_describe():
     assert limits.describe() == "Nq <= 4096; D in [64, 128]; causal in [True]; q, k, v, alibi_slopes contiguous"
 
 
-def test_the_readme_declarations_are_valid():
-    """The README's attribute examples load, and its expected failure (deterministic,
-    scoped to CUDA) does not apply on the interpreter, where the check must pass."""
+def test_the_documented_declarations_are_valid():
+    """docs/declarations.md's attribute examples load, and its expected failure
+    (deterministic, scoped to CUDA) does not apply on the interpreter, where the check must pass."""
     import re
     from pathlib import Path
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if ".limits" in b]
-    assert len(blocks) == 2, "README: the attributes example and the limits example"
+    page = (Path(__file__).resolve().parents[1] / "docs" / "declarations.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if ".limits" in b]
+    assert len(blocks) == 2, "docs/declarations.md: the attributes example and the limits example"
     namespace = {"torch": torch}
     exec("def flash_attention(q, k, v, causal=False, sm_scale=None): ...\ndef rope(x, cos, sin): ...\n"
          + "\n".join(blocks), namespace)

@@ -31,11 +31,30 @@ def test_signature_names_the_arguments_in_order(name):
     assert op.meaning, f"{name}: the registry entry has no meaning (the contract's shapes and semantics)"
 
 
-def test_contract_doc_is_generated_from_the_registry():
+def test_generated_pages_are_current():
+    """docs/contract.md, docs/checks-by-op.md and the generated blocks of README.md and
+    docs/declarations.md are what the records give (tritoncheck/contract.py)."""
     from tritoncheck import contract
-    committed = (Path(__file__).resolve().parents[1] / "docs" / "contract.md").read_text()
-    assert committed == contract.contract_markdown(), (
-        "docs/contract.md is stale: run `python -m tritoncheck.contract --write`")
+    assert contract.stale() == [], "run `python -m tritoncheck.contract --write`"
+
+
+def test_a_generated_block_replaces_only_what_its_markers_hold():
+    from tritoncheck import contract
+    page = "intro\n<!-- generated:x:start -->\nold\n<!-- generated:x:end -->\noutro\n"
+    assert contract.with_block(page, "x", "new") == page.replace("old", "new")
+    with pytest.raises(ValueError, match="generated:y:start"):
+        contract.with_block(page, "y", "new")
+
+
+def test_checks_by_op_names_each_check_and_its_planted_bugs():
+    from tritoncheck import contract
+    page = contract.checks_markdown()
+    for name, op in OPS.items():
+        assert f"## `{name}`" in page
+        assert all(f"`{check.name}`" in page for check in op.checks), name
+    padded = next(m for m in selfcheck.mutants() if m.name == "padded_lanes_zero")
+    softmax_part = page.partition("## `softmax`")[2].partition("\n## ")[0]
+    assert all(f"`{check}`" in softmax_part for check in padded.kills) and "`padded_lanes_zero`" in softmax_part
 
 
 def test_nothing_refers_outside_the_repository():
@@ -45,7 +64,7 @@ def test_nothing_refers_outside_the_repository():
     hits = [f"{p.relative_to(root)}:{i + 1}" for p in sorted(root.rglob("*"))
             if p.suffix in (".py", ".md", ".toml", ".sh", ".ini", ".cfg", ".yml")
             # generated and ignored folders (.venv, .mutants: copies of kernels, reports) are not the repository's
-            and not set(p.relative_to(root).parts[:-1]) & {".git", ".venv", ".mutants", ".hypothesis", ".whl", "reports"}
+            and not set(p.relative_to(root).parts[:-1]) & {".git", ".venv", ".mutants", ".hypothesis", ".whl", "reports", "site"}
             and p.is_file() for i, line in enumerate(p.read_text(errors="replace").splitlines())
             if pattern.search(line) and p.name != "test_registry.py"]
     assert not hits, f"references outside the repository: {hits}"
@@ -105,10 +124,3 @@ def test_numpy_and_torch_references_agree(name):
                                        atol=max(1e-12, 1e-9 * scale), err_msg=f"{name}.{out}")
 
     agree()
-
-
-def test_readme_contract_table_is_generated_from_the_registry():
-    from tritoncheck import contract
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert contract.readme_with_table(readme) == readme, (
-        "README.md's contract table is stale: run `python -m tritoncheck.contract --write`")

@@ -36,6 +36,7 @@ CASE = Case("softmax", "float32", ("x", "temperature"),
             {"x": TensorSpec((2, 5), "float32", "normal", 1.0, 0)}, {"temperature": 1.0})
 
 
+@pytest.mark.smoke
 def test_failure_names_the_case_the_worst_element_and_a_replay_command(report_dir):
     with pytest.raises(AssertionError) as info:
         _failing_target().run(CASE)
@@ -45,6 +46,7 @@ def test_failure_names_the_case_the_worst_element_and_a_replay_command(report_di
         assert part in text, f"{part!r} missing from:\n{text}"
 
 
+@pytest.mark.smoke
 def test_standalone_script_reproduces_the_failure(report_dir):
     with pytest.raises(AssertionError):
         _failing_target().run(CASE)
@@ -54,6 +56,7 @@ def test_standalone_script_reproduces_the_failure(report_dir):
     assert "softmax output y: max |error|" in done.stdout and "FAILED: does not match" in done.stdout
 
 
+@pytest.mark.smoke
 def test_replay_module_reproduces_the_failure(report_dir):
     with pytest.raises(AssertionError):
         _failing_target().run(CASE)
@@ -369,6 +372,9 @@ SAME_RUN_KEYS = ("outputs", "summary", "verdicts", "coverage_per_test", "example
                  "refusals_per_test", "vacuous_per_test", "statistical", "skipped", "rows")
 
 
+# slow: four runs of the suite in child processes, about 45 CPU-seconds; on every commit
+# test_shards_are_a_stable_partition_by_test_id checks the split
+@pytest.mark.slow
 def test_three_shards_merged_equal_the_whole_run(tmp_path):
     """The same seed (the ci profile is derandomized), one small op, a few checks and
     examples: the whole run, then --shard 1/3, 2/3, 3/3, merged with `report merge`."""

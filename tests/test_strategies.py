@@ -130,6 +130,9 @@ def test_softmax_rows_independent_always_has_two_rows():
     rows()
 
 
+# slow: up to 2000 draws of the gpu profile's attention cases, about 45 CPU-seconds; a property of the
+# gpu profile's sizes, which the GPU run's suite draws too
+@pytest.mark.slow
 def test_attention_reaches_long_sequences_on_the_gpu_profile(monkeypatch):
     # Issue 12's realistic sizes: a 16k-key cache read by up to 2048 queries, squares to
     # 8k, in the large profile, with B = H = 1 once the scores alone pass the budget;
