@@ -298,7 +298,9 @@ def matmul(a, b):
     return (a.float() @ b.float()).to(a.dtype)
 
 def matmul_k_tail_dropped(a, b):
-    k = a.shape[1] // 16 * 16 or a.shape[1]
+    # the last K column left out: wrong at every K > 1, so the quick profile's per-run size
+    # pool (which may hold only K below one block) cannot miss it with 6 examples
+    k = max(a.shape[1] - 1, 1)
     return (a[:, :k].float() @ b[:k].float()).to(a.dtype)
 '''
 

@@ -300,7 +300,8 @@ def _mutants():
 def test_mutants_declared():
     mus = _mutants()
     assert set(mus) == {"half_split_pairs", "sin_sign_flipped", "backward_same_rotation", "last_row_block_unwritten",
-                        "sigmoid_overflow", "dup_missing_sigmoid", "gradients_into_saved_inputs"}
+                        "sigmoid_overflow", "dup_missing_sigmoid", "gradients_into_saved_inputs",
+                        "x_strides_assumed_contiguous", "gate_strides_assumed_contiguous"}
     for name, m in mus.items():
         assert m.name == name and set(m.kills) <= CHECKS[m.op], (name, m.kills)
 

@@ -28,11 +28,15 @@ REACHED = {
     "small": {"softmax": LENGTH_CLASSES, "cross_entropy": LENGTH_CLASSES,
               "layer_norm": EVERYDAY + ("past 4096",), "rms_norm": EVERYDAY + ("past 4096",),
               "add_rms_norm": EVERYDAY + ("past 4096",), "dropout_residual_layer_norm": EVERYDAY,
-              "linear_cross_entropy": EVERYDAY},  # its vocabulary, V
+              "linear_cross_entropy": EVERYDAY,  # its vocabulary, V
+              "swiglu": EVERYDAY},  # a defined op (tritoncheck.op): its last dim's lengths by the generic strategy
+
     "large": {**{op: LENGTH_CLASSES for op in ("softmax", "cross_entropy", "layer_norm", "rms_norm", "add_rms_norm",
                                                "dropout_residual_layer_norm")},
               # V up to 8192, then 2^17 + 3 in the long draws: 2^12 + 1 is also the class past 4096
-              "linear_cross_entropy": EVERYDAY + ("past 65536",)},
+              "linear_cross_entropy": EVERYDAY + ("past 65536",),
+              # swiglu: a pointwise op's rows are as long as the element budget lets them (past 4096, not 65536)
+              "swiglu": EVERYDAY + ("past 4096",)},
 }
 
 

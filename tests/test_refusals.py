@@ -11,6 +11,7 @@ CUDA). The outcome of every test is read from its JUnit XML, and the
 refusal counts from its report.json.
 """
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -26,7 +27,10 @@ def run_suite(tmp_path: Path, op: str, impls: list[str], dtypes: list[str], *ext
     xml = tmp_path / f"{op}.xml"
     # a fixed seed: --impl runs default to the quick profile, which draws afresh each run, and
     # a fresh draw of 6 examples missed the planted bug behind the refusals now and then
-    cmd = [sys.executable, "-m", "pytest", "tests/test_checks.py", "-q", "-p", "no:randomly", "-p", "no:xdist",
+    # run from tmp_path: Hypothesis's example database lives in the working directory, and the
+    # repository's own (filled by every earlier run there) replayed other tests' saved examples
+    # first, which let a planted bug pass in CI's full run and fail in a fresh clone
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests" / "test_checks.py"), "--rootdir", str(ROOT), "-q", "-p", "no:randomly", "-p", "no:xdist",
            "--hypothesis-seed", "0",
            "--op", op, "--max-examples", str(examples), "--report-dir", str(tmp_path / "reports"),
            f"--junitxml={xml}", *extra]
@@ -34,7 +38,8 @@ def run_suite(tmp_path: Path, op: str, impls: list[str], dtypes: list[str], *ext
         cmd += ["--impl", f"{op}={module}:{impl}"]
     for dtype in dtypes:
         cmd += ["--dtype", dtype]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     outcomes = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
         test_id = case.get("name").partition("[")[2].rstrip("]")

@@ -113,8 +113,8 @@ def test_the_interpreter_misreads_e5m2_dot_operands():
     subnormal = torch.tensor([2.0**-16], dtype=torch.float8_e5m2)
     read = _convert_float(subnormal.view(torch.uint8).numpy(), tl.float8e5, tl.float16, None).view(np.float16)
     assert float(read[0]) == 0.0
-    assert backend.limit_for("scaled_mm", torch.float8_e5m2) is not None
-    assert backend.limit_for("scaled_mm", torch.float8_e5m2, scaled_mm) is None  # waived: it upcasts there
+    assert backend.limit_for(registry.OPS["scaled_mm"], torch.float8_e5m2) is not None
+    assert backend.limit_for(registry.OPS["scaled_mm"], torch.float8_e5m2, scaled_mm) is None  # waived: it upcasts there
 
 
 # ------------------------------------------------------------------ properties on their inputs

@@ -279,8 +279,8 @@ def _second_call_wrong(op: OpSpec, first: Case, second: Case, impl: Implementati
     """Why the second call of :func:`calls_independent` was wrong: state kept across calls
     only where a call shows it (the second inputs alone, on fresh buffers, are right; the
     first inputs, right on the first call, are now wrong; or the second call returned the
-    first's outputs bit for bit), else a plain wrong answer on the second inputs, which
-    matches_reference would have found on them as well."""
+    first's outputs bit for bit), else both readings: state that a fresh call reads too, or
+    a plain wrong answer on the second inputs."""
     inputs = f"the second call's inputs: the case below with every tensor's seed + 1:\n{second.describe()}"
     fresh = second.materialise(backend.device())
     fresh_before = snapshot(fresh)
@@ -299,8 +299,11 @@ def _second_call_wrong(op: OpSpec, first: Case, second: Case, impl: Implementati
         if all(torch.equal(kept[n], then[n].detach()) for n in then if n in kept):
             return (f"the implementation keeps state across calls: a second call on other values returned the "
                     f"first call's outputs bit for bit ({inputs})\n{exc}")
-        return (f"a wrong answer on the second inputs, alone as well (a fresh call on fresh buffers is wrong the "
-                f"same way, so not state kept across calls; {inputs})\n{wrong}")
+        # A fresh call cannot clear state kept in the process (a cache keyed by shapes answers
+        # it too), so a wrong fresh call leaves both readings open: say both.
+        return (f"a second call on other values of the same shapes is wrong, on fresh buffers as well: either the "
+                f"implementation keeps state across calls that a fresh call also reads (a cache keyed by shapes), "
+                f"or it is wrong on these values alone, which matches_reference on them shows ({inputs})\n{wrong}")
     return (f"a second call on other values of the same shapes, in the first call's buffers, is wrong where the same "
             f"values alone, on fresh buffers, are right: the implementation keeps state across calls ({inputs})\n{exc}")
 

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from tritoncheck.poisoning import poisoned_allocations_for
 from tritoncheck.refusals import Refused
 from tritoncheck.registry import Check, Implementation, OpSpec
 from tritoncheck.strategies import Case
+from tritoncheck.worker_crashes import failure_stem
 
 RECORDED_CHECKS = ("matches_reference", "gradients_match_reference")
 # Examples discarded because the check called the implementation outside its declared limits,
@@ -458,11 +458,6 @@ def vacuous_test(test_id: str, rule: str) -> str | None:
 # Hypothesis's "Failing test case: test_check(target=...)" would print the whole registry
 # record; the case is already printed in words above it, so name the target by its id.
 pretty.for_type_by_name(__name__, "Target", lambda target, p, cycle: p.text(f"Target({target.id!r})"))
-
-
-def failure_stem(test_id: str) -> str:
-    """The file name (less its suffix) of a test's replay files."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", test_id)
 
 
 def replay_record(target: Target, case: Case) -> dict:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,12 @@ def end_worker(report_dir: Path, worker: str, nodeid: str, text: str) -> None:
     os._exit(CONTEXT_BROKEN_EXIT)
 # xdist's default --max-worker-restart per worker process (xdist 3.8: numprocesses * 4)
 XDIST_RESTARTS_PER_WORKER = 4
+
+
+def failure_stem(test_id: str) -> str:
+    """The file name (less its suffix) of a test's replay files (here, below the harness that
+    writes them, so that a dead worker's case lands where a failing check's would)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", test_id)
 
 
 def in_flight_path(report_dir: Path, worker: str) -> Path:
@@ -261,7 +268,6 @@ class WorkerCrashes:
     def _replay_file(self, test: str, worker: str) -> tuple[Path, dict] | None:
         """The worker's in-flight case moved to the test's replay file, or None when the
         worker's last case belongs to another test (it died before this one's first example)."""
-        from tritoncheck.harness import failure_stem
         source = in_flight_path(self.report_dir, worker)
         try:
             data = json.loads(source.read_text())
