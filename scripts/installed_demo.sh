@@ -32,3 +32,6 @@ run python -m pytest --pyargs tritoncheck.suite --impl softmax=kernels.softmax:s
     --dtype float32 --max-examples 10
 [ "$status" = 1 ] || { cat out.log; echo "FAIL: the wrong softmax did not fail through pytest (exit $status)"; exit 1; }
 echo "installed demo: 5 verdicts as expected"
+# a user's own op, defined with tritoncheck.op in the user's package (same environment)
+cd "$repo"
+DEMO_VENV="$work/venv" bash "$repo/scripts/installed_user_op_demo.sh"

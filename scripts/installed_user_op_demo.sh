@@ -10,10 +10,14 @@ set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-python3 -m venv "$work/venv"
-. "$work/venv/bin/activate"
-python -m pip install -q --upgrade pip
-python -m pip install -q torch==2.13.0 "$repo"
+if [ -n "${DEMO_VENV:-}" ]; then  # scripts/installed_demo.sh's environment: tritoncheck already installed there
+  . "$DEMO_VENV/bin/activate"
+else
+  python3 -m venv "$work/venv"
+  . "$work/venv/bin/activate"
+  python -m pip install -q --upgrade pip
+  python -m pip install -q torch==2.13.0 "$repo"
+fi
 mkdir "$work/user" && cp -r "$repo/examples/matmul" "$work/user/matmul"
 rm -rf "$work/user/matmul/__pycache__"
 cd "$work/user"
