@@ -16,7 +16,10 @@ The same pin bounds what an autotuned library costs a fuzz run (``--autotune-con
 for each new value of that size (flash-linear-attention's ``elu_p1`` 30 configs, 18-29 s
 per new last dim on an H100), so a run of a few hundred examples spends its minutes in
 the autotuner. Pinned to config I, each new size compiles one config. The numerics are
-then those of config I only, which is why the sweep exists. A library's kernels are
+then those of config I only, which is why the sweep exists. A pinned config the device
+cannot run (``OutOfResources``: shared memory past the GPU's at a large head dim) runs the
+kernel's next config instead, as Triton's autotuner would have discarded it; only a
+kernel none of whose configs runs fails. A library's kernels are
 many and unexported; :func:`autotuners_in` collects them from its modules so that an
 adapter can declare ``fn.autotuned = autotuners_in("fla")``.
 """
@@ -47,17 +50,73 @@ def name(kernel: Autotuner) -> str:
     return getattr(kernel.base_fn, "__name__", repr(kernel))
 
 
+# What Triton's own autotuner discards (triton/runtime/autotuner.py, Autotuner._bench): a
+# config this device cannot compile or launch (shared memory or registers past the
+# hardware's, ptxas refusing it, a static_assert of the config). Pinned to such a config, a
+# check would fail a kernel that autotuning would have run with another one.
+def _device_refusals() -> tuple[type[BaseException], ...]:
+    from triton.compiler.errors import CompileTimeAssertionFailure
+    from triton.runtime import errors
+    return tuple(getattr(errors, n) for n in ("OutOfResources", "PTXASError") if hasattr(errors, n)) + (
+        CompileTimeAssertionFailure,)
+
+
+# (kernel, config) -> "kernel config" and why this device cannot run it: each is skipped
+# once seen (a pin falls through to the kernel's next config), and the report can list them.
+_refused: dict[tuple[int, str], tuple[str, str]] = {}
+
+
+def refused_configs() -> dict[str, str]:
+    """The configs this process found the device cannot run, with the reason: ``"kernel config" -> reason``."""
+    return dict(_refused.values())
+
+
+def _key(kernel: Autotuner, config) -> tuple[int, str]:
+    return id(kernel), str(config)
+
+
+def _run_first_runnable(kernel: Autotuner, order: list):
+    """``kernel.run`` for a pin: the pinned config, or where the device cannot run it
+    (:func:`_device_refusals`) the next of ``order`` that it can, as Triton's autotuner
+    would have discarded it; the first refusal, with every config's, when none runs."""
+    def run(*args, **kwargs):
+        known = [c for c in order if _key(kernel, c) not in _refused]
+        errors = []
+        for config in known or order:
+            kernel.configs = [config]
+            try:
+                return type(kernel).run(kernel, *args, **kwargs)
+            except _device_refusals() as exc:
+                _refused[_key(kernel, config)] = (f"{name(kernel)} {config}", f"{type(exc).__name__}: {exc}")
+                errors.append(exc)
+        first = errors[0]
+        if hasattr(first, "add_note"):  # Python 3.11+
+            first.add_note(f"none of the {len(order)} autotune configs of {name(kernel)} can run on this device: "
+                           + "; ".join(f"{c}: {_refused[_key(kernel, c)][1]}" for c in order if _key(kernel, c) in _refused))
+        raise first
+    return run
+
+
 @contextlib.contextmanager
 def pinned(kernel: Autotuner, config) -> Iterator[None]:
-    """Run ``kernel`` with ``config`` only, inside the block."""
+    """Run ``kernel`` with ``config`` only, inside the block; where the device cannot run
+    ``config`` (:func:`_device_refusals`), with the next of the kernel's configs that it
+    can (recorded in :func:`refused_configs`), failing only when none runs."""
     if config not in kernel.configs:
         raise ValueError(f"{config} is not one of {name(kernel)}'s autotune configs")
     configs, cache = kernel.configs, dict(kernel.cache)
+    start = configs.index(config)
     kernel.configs = [config]
     kernel.cache.clear()
+    shadowed = vars(kernel).get("run")  # a pin inside another pin of the same kernel
+    kernel.run = _run_first_runnable(kernel, configs[start:] + configs[:start])  # this object only, until exit
     try:
         yield
     finally:
+        if shadowed is None:
+            del kernel.run
+        else:
+            kernel.run = shadowed
         kernel.configs = configs
         kernel.cache.clear()
         kernel.cache.update(cache)
