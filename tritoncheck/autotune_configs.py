@@ -50,6 +50,14 @@ def name(kernel: Autotuner) -> str:
     return getattr(kernel.base_fn, "__name__", repr(kernel))
 
 
+def describe(config) -> str:
+    """A config as its constexprs and launch options: ``BLOCK=128 num_warps=4 num_stages=3``."""
+    if config is None:
+        return "(not launched)"
+    options = {k: getattr(config, k, None) for k in ("num_warps", "num_stages")}
+    return " ".join(f"{k}={v}" for k, v in {**config.kwargs, **options}.items() if v is not None)
+
+
 # What Triton's own autotuner discards (triton/runtime/autotuner.py, Autotuner._bench): a
 # config this device cannot compile or launch (shared memory or registers past the
 # hardware's, ptxas refusing it, a static_assert of the config). Pinned to such a config, a
@@ -102,14 +110,17 @@ def pinned(kernel: Autotuner, config) -> Iterator[None]:
     """Run ``kernel`` with ``config`` only, inside the block; where the device cannot run
     ``config`` (:func:`_device_refusals`), with the next of the kernel's configs that it
     can (recorded in :func:`refused_configs`), failing only when none runs."""
-    if config not in kernel.configs:
+    configs = configs_of(kernel)
+    if config not in configs:
         raise ValueError(f"{config} is not one of {name(kernel)}'s autotune configs")
-    configs, cache = kernel.configs, dict(kernel.cache)
+    pinned_now, cache = kernel.configs, dict(kernel.cache)
     start = configs.index(config)
     kernel.configs = [config]
     kernel.cache.clear()
     shadowed = vars(kernel).get("run")  # a pin inside another pin of the same kernel
     kernel.run = _run_first_runnable(kernel, configs[start:] + configs[:start])  # this object only, until exit
+    outermost = id(kernel) not in _full
+    _full.setdefault(id(kernel), configs)
     try:
         yield
     finally:
@@ -117,9 +128,91 @@ def pinned(kernel: Autotuner, config) -> Iterator[None]:
             del kernel.run
         else:
             kernel.run = shadowed
-        kernel.configs = configs
+        if outermost:
+            del _full[id(kernel)]
+        kernel.configs = pinned_now
         kernel.cache.clear()
         kernel.cache.update(cache)
+
+
+# id(kernel) -> its own config list while a pin narrows kernel.configs: a check that runs
+# every config (autotune_configs_agree) inside the harness's pin sees them all.
+_full: dict[int, list] = {}
+
+
+def configs_of(kernel: Autotuner) -> list:
+    """The kernel's autotune configs, also inside a pin."""
+    return _full.get(id(kernel), kernel.configs)
+
+
+def config_count(fn: Callable) -> int:
+    """How many indices :func:`pinned_all` needs to run every config of every kernel ``fn`` declares."""
+    return max((len(configs_of(k)) for k in autotuned_kernels(fn)), default=0)
+
+
+@contextlib.contextmanager
+def autotuning(fn: Callable, fastest: int) -> Iterator[dict]:
+    """Every autotuned kernel ``fn`` declares autotunes inside the block as Triton's
+    Autotuner does: on a new key it runs every config on the call's own buffers (with the
+    kernel's pre-hooks, reset_to_zero and restore_value), then the fastest once more. Only
+    the clock is replaced: each config's benchmark runs it twice, as a timing loop runs it
+    more than once, and config ``fastest`` (modulo the count) is timed fastest, so this
+    runs under the interpreter too, where nothing can be timed. A config the device cannot
+    run is discarded by the Autotuner itself. Yields {id(kernel): the config it chose},
+    filled when the block ends."""
+    chosen: dict[int, object] = {}
+    with contextlib.ExitStack() as stack:
+        for kernel in autotuned_kernels(fn):
+            stack.enter_context(_timed_as(kernel, fastest, chosen))
+        yield chosen
+
+
+@contextlib.contextmanager
+def _timed_as(kernel: Autotuner, fastest: int, chosen: dict) -> Iterator[None]:
+    configs = list(configs_of(kernel))
+    winner = configs[fastest % len(configs)]
+    own = {k: vars(kernel)[k] for k in ("run", "_bench", "do_bench") if k in vars(kernel)}
+    narrowed, cache = kernel.configs, dict(kernel.cache)
+    benchmarking = {}
+
+    def bench(*args, config, **meta):
+        benchmarking["config"] = config
+        return type(kernel)._bench(kernel, *args, config=config, **meta)
+
+    def do_bench(kernel_call, quantiles):
+        kernel_call()
+        kernel_call()
+        config = benchmarking["config"]
+        t = 0.0 if config == winner else 1.0 + next((i for i, c in enumerate(configs) if c == config), len(configs))
+        return [t] * len(quantiles)
+
+    for attribute in own:
+        delattr(kernel, attribute)  # the Autotuner's own run (a pin's is an instance attribute)
+    kernel._bench, kernel.do_bench = bench, do_bench
+    kernel.configs = configs
+    kernel.cache.clear()
+    kernel.best_config = None  # set by the Autotuner's run: None if the block never launched it
+    try:
+        yield
+    finally:
+        chosen[id(kernel)] = kernel.best_config
+        del kernel._bench, kernel.do_bench
+        for attribute, value in own.items():
+            setattr(kernel, attribute, value)
+        kernel.configs = narrowed
+        kernel.cache.clear()
+        kernel.cache.update(cache)
+
+
+@contextlib.contextmanager
+def pinned_to(fn: Callable, chosen: dict) -> Iterator[None]:
+    """Every autotuned kernel ``fn`` declares runs the config ``chosen`` names for it (as
+    :func:`autotuning` yields them) inside the block."""
+    with contextlib.ExitStack() as stack:
+        for kernel in autotuned_kernels(fn):
+            if chosen.get(id(kernel)) is not None:
+                stack.enter_context(pinned(kernel, chosen[id(kernel)]))
+        yield
 
 
 def _autotuner_of(obj) -> Autotuner | None:
@@ -183,5 +276,6 @@ def pinned_all(fn: Callable, index: int | None) -> Iterator[None]:
     kernels = autotuned_kernels(fn) if index is not None else ()
     with contextlib.ExitStack() as stack:
         for kernel in kernels:
-            stack.enter_context(pinned(kernel, kernel.configs[index % len(kernel.configs)]))
+            configs = configs_of(kernel)
+            stack.enter_context(pinned(kernel, configs[index % len(configs)]))
         yield

@@ -306,6 +306,65 @@ def backward_repeatable(case: Case, impl: Implementation) -> None:
                                              "gradient the first one returned")
 
 
+def autotune_configs_agree(case: Case, impl: Implementation) -> None:
+    """Every autotune config of the kernels the implementation declares (``fn.autotuned``,
+    tritoncheck/autotune_configs.py) answers the same inputs alike: each config pinned
+    alone matches the fp64 reference within the op's rule (so any two agree within the sum
+    of their allowances), gradients too where the case carries upstream gradients; and the
+    kernel left to autotune (every config run on the call's own buffers, then its choice:
+    :func:`autotune_configs.autotuning`) returns bit for bit what its choice returns alone.
+
+    Configs in turn (one per example, the other checks) meet each input once per config
+    count; here every config meets every input. The autotuned run shows what no pinned
+    run can: state the timing runs leave behind (an output accumulated into without
+    ``reset_to_zero``, triton#3004), a choice that returns another config's writes
+    (triton#9230)."""
+    from tritoncheck import autotune_configs
+    op, fn = OPS[case.op], impl.fn
+    count = autotune_configs.config_count(fn)
+    grads = _needs_backward(impl) is None and bool(op.grad_inputs) and all(
+        f"d{n}" in case.tensors for n in op.grad_outputs)
+
+    def described(i: int) -> str:
+        return ", ".join(f"{autotune_configs.name(k)} {autotune_configs.describe(cs[i % len(cs)])}"
+                         for k in autotune_configs.autotuned_kernels(fn) for cs in [autotune_configs.configs_of(k)])
+
+    for i in range(count):
+        with autotune_configs.pinned_all(fn, i):
+            try:
+                matches_reference(case, impl)
+                if grads:
+                    gradients_match_reference(case, impl)
+            except AssertionError as exc:
+                raise AssertionError(f"autotune config {i} of {count} ({described(i)}), on the same inputs as the "
+                                     f"others:\n{exc}") from None
+
+    def outputs() -> dict[str, torch.Tensor]:
+        values = case.materialise(backend.device())
+        if not grads:
+            return run(case, impl, values)[1]
+        outs, got = _backward(op, case, impl, values)
+        return {**outs, **{f"d{n}": g for n, g in got.items()}}
+
+    fastest = sum(spec.seed for spec in case.tensors.values()) % count  # which config the emulated clock favours
+    with autotune_configs.autotuning(fn, fastest) as chosen:
+        tuned = {k: t.detach().clone() for k, t in outputs().items()}
+    with autotune_configs.pinned_to(fn, chosen):
+        alone = outputs()
+    picked = ", ".join(f"{autotune_configs.name(k)} {autotune_configs.describe(chosen.get(id(k)))}"
+                       for k in autotune_configs.autotuned_kernels(fn))
+    for name, t in tuned.items():
+        assert_identical(name, t, alone[name].detach(),
+                         f"left to autotune ({picked} chosen after every config ran on the same buffers), "
+                         f"{impl.name} differs from that choice run alone on the same inputs")
+
+
+def _declares_autotuned(impl: Implementation) -> str | None:
+    if not getattr(impl.fn, "autotuned", None):
+        return f"not applicable: {impl.name} declares no autotuned kernels (fn.autotuned)"
+    return None
+
+
 def _needs_backward(impl: Implementation) -> str | None:
     if not impl.supports_backward:
         return f"{impl.name} declares supports_backward = False"
@@ -327,5 +386,7 @@ def generic_checks(grad: bool) -> tuple[Check, ...]:
     if grad:
         checks.append(Check("backward_repeatable", backward_repeatable, cases=with_upstream,
                             requires=_needs_backward))
+    checks.append(Check("autotune_configs_agree", autotune_configs_agree, cases=with_upstream if grad else None,
+                        requires=_declares_autotuned))
     return tuple(checks)
 
