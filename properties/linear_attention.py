@@ -366,6 +366,11 @@ def la_deterministic(case: Case, impl: Implementation) -> None:
     generic.deterministic(FeatureCase.of(case), impl)
 
 
+def la_autotune_configs_agree(case: Case, impl: Implementation) -> None:
+    """generic.autotune_configs_agree on the feature-mapped inputs the other checks use."""
+    generic.autotune_configs_agree(FeatureCase.of(case), impl)
+
+
 def la_tolerance(case, inputs64, expected, p):
     return {"o": rules.linear_attention(inputs64["q"], inputs64["k"], inputs64["v"], expected["o"],
                                             case.params["causal"], case.params["eps"], p)}
@@ -411,5 +416,6 @@ register(OpSpec(
         Check("causal_mask_respected", causal_mask_respected),
         Check("last_causal_equals_bidirectional", last_causal_equals_bidirectional, requires=_needs_both_masks,
               needs_arguments=("causal",)),
+        Check("autotune_configs_agree", la_autotune_configs_agree, requires=generic.declares_autotuned),
     ),
 ))

@@ -309,9 +309,10 @@ def backward_repeatable(case: Case, impl: Implementation) -> None:
 def autotune_configs_agree(case: Case, impl: Implementation) -> None:
     """Every autotune config of the kernels the implementation declares (``fn.autotuned``,
     tritoncheck/autotune_configs.py) answers the same inputs alike: each config pinned
-    alone matches the fp64 reference within the op's rule (so any two agree within the sum
-    of their allowances), gradients too where the case carries upstream gradients; and the
-    kernel left to autotune (every config run on the call's own buffers, then its choice:
+    alone passes the op's own reference checks (``matches_reference``, and
+    ``gradients_match_reference`` where the case carries upstream gradients), i.e. matches
+    the fp64 reference within the op's rule (so any two agree within the sum
+    of their allowances); and the kernel left to autotune (every config run on the call's own buffers, then its choice:
     :func:`autotune_configs.autotuning`) returns bit for bit what its choice returns alone.
 
     Configs in turn (one per example, the other checks) meet each input once per config
@@ -329,12 +330,13 @@ def autotune_configs_agree(case: Case, impl: Implementation) -> None:
         return ", ".join(f"{autotune_configs.name(k)} {autotune_configs.describe(cs[i % len(cs)])}"
                          for k in autotune_configs.autotuned_kernels(fn) for cs in [autotune_configs.configs_of(k)])
 
+    own = {c.name: c.run for c in op.checks}  # the op's own reference checks (its domains, its references)
     for i in range(count):
         with autotune_configs.pinned_all(fn, i):
             try:
-                matches_reference(case, impl)
+                own.get("matches_reference", matches_reference)(case, impl)
                 if grads:
-                    gradients_match_reference(case, impl)
+                    own.get("gradients_match_reference", gradients_match_reference)(case, impl)
             except AssertionError as exc:
                 raise AssertionError(f"autotune config {i} of {count} ({described(i)}), on the same inputs as the "
                                      f"others:\n{exc}") from None
@@ -359,7 +361,7 @@ def autotune_configs_agree(case: Case, impl: Implementation) -> None:
                          f"{impl.name} differs from that choice run alone on the same inputs")
 
 
-def _declares_autotuned(impl: Implementation) -> str | None:
+def declares_autotuned(impl: Implementation) -> str | None:
     if not getattr(impl.fn, "autotuned", None):
         return f"not applicable: {impl.name} declares no autotuned kernels (fn.autotuned)"
     return None
@@ -387,6 +389,6 @@ def generic_checks(grad: bool) -> tuple[Check, ...]:
         checks.append(Check("backward_repeatable", backward_repeatable, cases=with_upstream,
                             requires=_needs_backward))
     checks.append(Check("autotune_configs_agree", autotune_configs_agree, cases=with_upstream if grad else None,
-                        requires=_declares_autotuned))
+                        requires=declares_autotuned))
     return tuple(checks)
 
