@@ -7,6 +7,7 @@ from tritoncheck.mutation import mutant
 __all__ = [
     "half_split_pairs", "sin_sign_flipped", "backward_same_rotation", "last_row_block_unwritten",
     "sigmoid_overflow", "dup_missing_sigmoid", "gradients_into_saved_inputs", "autotune_without_reset_to_zero",
+    "swiglu_truncating_store",
 ]
 
 # ---------------------------------------------------------------------------- rope
@@ -144,4 +145,20 @@ autotune_without_reset_to_zero = mutant(
         "input, when BLOCK=128 is timed and chosen."
     ),
     kills=("autotune_configs_agree",),
+)
+
+swiglu_truncating_store = mutant(
+    "swiglu",
+    _kernel,
+    [("    y = g * s * u\n    tl.store(Y + idx, y.to(Y.dtype.element_ty), mask=mask)",
+      '    y = g * s * u\n    tl.store(Y + idx, y.to(Y.dtype.element_ty, fp_downcast_rounding="rtz"), mask=mask)')],
+    name="swiglu_truncating_store",
+    bug=(
+        "The forward stores its fp32 result in float16/bfloat16 rounding toward zero instead of to "
+        "nearest. Every element is within an ulp, so each per-element rule passes it (the swiglu rule "
+        "admits a rounding of silu(gate) to the input dtype as well); the mean error is half an ulp "
+        "toward zero. Class: biased rounding in a narrowing store (ROCm/aiter#5151). Trigger: any "
+        "float16 or bfloat16 input."
+    ),
+    kills=("unbiased_rounding",),
 )

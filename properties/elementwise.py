@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tritoncheck.bad_input import BadInput, Spoiler, randn, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
-from tritoncheck.generic import UPSTREAM_FAMILIES, generic_checks, precision, run
+from tritoncheck.generic import UPSTREAM_FAMILIES, generic_checks, precision, run, with_upstream
 from tritoncheck.large_problem import LargeProblem, row_wise, rows_past_int32
 from tritoncheck.large_problem import randn as large_randn
 from tritoncheck.limits import NO_LIMITS, Limits
@@ -208,7 +208,7 @@ def swiglu_grad_tolerance(case, inputs64, outputs64, grads64, p):
 
 
 def _swiglu_checks() -> tuple[Check, ...]:
-    return tuple(dataclasses.replace(c, cases=_swiglu_with_upstream) if c.cases is not None else c
+    return tuple(dataclasses.replace(c, cases=_swiglu_with_upstream) if c.cases is with_upstream else c
                  for c in generic_checks(grad=True))
 
 

@@ -14,7 +14,7 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from tritoncheck import backend, parity, tolerance
+from tritoncheck import backend, parity, rounding_bias, tolerance
 from tritoncheck.oracle import allowance_mostly_vacuous, assert_identical, to_numpy
 from tritoncheck.phases import timed
 from tritoncheck.registry import OPS, Check, Implementation, OpSpec
@@ -388,6 +388,8 @@ def generic_checks(grad: bool) -> tuple[Check, ...]:
     if grad:
         checks.append(Check("backward_repeatable", backward_repeatable, cases=with_upstream,
                             requires=_needs_backward))
+    checks.append(Check("unbiased_rounding", rounding_bias.unbiased_rounding, cases=rounding_bias.narrowing_cases,
+                        false_alarm=rounding_bias.FALSE_ALARM))
     checks.append(Check("autotune_configs_agree", autotune_configs_agree, cases=with_upstream if grad else None,
                         requires=declares_autotuned))
     return tuple(checks)
