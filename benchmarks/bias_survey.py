@@ -27,6 +27,7 @@ def survey(op, impl, dtype, examples: int) -> dict:
     from hypothesis import HealthCheck, Phase, given, seed, settings
 
     from tritoncheck import rounding_bias
+    from tritoncheck.generic import observed
     from tritoncheck.poisoning import poisoned_allocations_for
     row = {"judged": 0, "discarded": 0, "calls": 0, "worst": 0.0, "where": ""}
 
@@ -36,7 +37,7 @@ def survey(op, impl, dtype, examples: int) -> dict:
     @given(case=next(c for c in op.checks if c.name == "unbiased_rounding").cases(op, dtype))
     def search(case):
         with poisoned_allocations_for(impl.fn):
-            calls, found = rounding_bias.measure(case, impl)
+            calls, found = rounding_bias.measure(case, impl, observed)
         row["calls"] += calls
         ratios = [(abs(b.mean) / b.allowed, f"{n} {d}: {b.mean:+.3f} of {b.allowed:.3f} ulp, {b.elements} elements")
                   for n, by in found.items() for d, b in by.items() if b.allowed <= rounding_bias.DETECTABLE]

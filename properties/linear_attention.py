@@ -367,8 +367,8 @@ def la_deterministic(case: Case, impl: Implementation) -> None:
 
 
 def la_unbiased_rounding(case: Case, impl: Implementation) -> None:
-    """rounding_bias.unbiased_rounding on the feature-mapped inputs (q, k >= 0) the other checks use."""
-    rounding_bias.unbiased_rounding(FeatureCase.of(case), impl)
+    """generic.unbiased_rounding on the feature-mapped inputs (q, k >= 0) the other checks use."""
+    generic.unbiased_rounding(FeatureCase.of(case), impl)
 
 
 def la_autotune_configs_agree(case: Case, impl: Implementation) -> None:

@@ -20,7 +20,7 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from tritoncheck import backend, parity, rounding_bias, tolerance
+from tritoncheck import backend, generic, parity, rounding_bias, tolerance
 from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import calls_independent, generic_checks, gradients_match_reference, precision, run, snapshot
@@ -538,7 +538,7 @@ register(OpSpec(
         Check("calls_independent", dropout_calls_independent),
         # the reference needs the returned mask for p > 0; at p = 0 the same stores round y
         # (and the check's own value families: rounding_bias.narrowing_cases)
-        Check("unbiased_rounding", rounding_bias.unbiased_rounding, cases=_bias_cases,
+        Check("unbiased_rounding", generic.unbiased_rounding, cases=_bias_cases,
               false_alarm=rounding_bias.FALSE_ALARM),
         Check("p_zero_is_layer_norm", p_zero_is_layer_norm, cases=lambda op, dtype: _with_p(op, dtype, (0.0,))),
         Check("keep_fraction_binomial", keep_fraction_binomial, false_alarm=FALSE_ALARM),

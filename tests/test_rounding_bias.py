@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from tritoncheck import backend, registry, rounding_bias
+from tritoncheck import backend, generic, registry, rounding_bias
 from tritoncheck.limits import NotApplicable
 from tritoncheck.strategies import Case, TensorSpec
 
@@ -48,7 +48,7 @@ def _swiglu_case(dtype="float16"):
                                     "tritoncheck.controls.elementwise:torch_swiglu"])
 def test_the_kernel_and_the_control_round_without_bias(target):
     fn = registry.resolve(target)
-    rounding_bias.unbiased_rounding(_swiglu_case(), registry.Implementation.of("swiglu", fn))
+    generic.unbiased_rounding(_swiglu_case(), registry.Implementation.of("swiglu", fn))
 
 
 def test_a_truncating_store_within_an_ulp_everywhere_fails():
@@ -59,7 +59,7 @@ def test_a_truncating_store_within_an_ulp_everywhere_fails():
     impl = registry.Implementation.of("swiglu", mutant.fn, name=mutant.name, kind="mutant")
     matches_reference(_swiglu_case(), impl)  # every element within its allowance
     with pytest.raises(AssertionError, match=r"output 'y' is biased toward zero: its mean error is -0\.4"):
-        rounding_bias.unbiased_rounding(_swiglu_case(), impl)
+        generic.unbiased_rounding(_swiglu_case(), impl)
 
 
 def test_the_check_applies_where_an_output_narrows_and_says_why_not_elsewhere():

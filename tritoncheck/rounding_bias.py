@@ -1,4 +1,5 @@
-"""``unbiased_rounding``: the mean signed error of every narrowing output against fp64, over many elements.
+"""The rounding-bias statistic of ``unbiased_rounding`` (tritoncheck/generic.py): the mean
+signed error of every narrowing output against fp64, over many elements.
 
 A kernel that computes in fp32 and stores float16 or bfloat16 by truncating (rounding
 toward zero) errs by less than an ulp at each element and passes every per-element
@@ -62,7 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -80,6 +81,10 @@ DETECTABLE = 0.35  # judge an example once a bias of 0.35 ulp (a truncation's is
 SPACINGS = 16  # references this many subnormal spacings from zero and up are counted (counted_from)
 MAX_CALLS = 64  # calls on reseeded inputs per example, at most (small cases need many)
 DIRECTIONS = {"toward zero": "away from zero", "toward -inf": "toward +inf"}
+# one call of the implementation: (its outputs, the fp64 reference, the fp64 inputs, its
+# Precision), as tritoncheck/generic.py's unbiased_rounding makes it
+Observe = Callable[[Case, Implementation], tuple[Mapping[str, torch.Tensor], Mapping[str, Any], Mapping[str, Any],
+                                                 tolerance.Precision]]
 
 
 def narrowing_outputs(op: OpSpec, dtype: torch.dtype) -> tuple[str, ...]:
@@ -202,13 +207,8 @@ def _reseeded(case: Case, k: int) -> Case:
                                               for n, s in case.tensors.items()})
 
 
-def _collect(op: OpSpec, case: Case, impl: Implementation, pools: Mapping[str, _Pool]) -> None:
-    from tritoncheck.generic import precision, run, snapshot
-    values = case.materialise(backend.device())
-    before = snapshot(values)
-    _, outs = run(case, impl, values)
-    expected, inputs64 = op.expected(case, before)
-    p = precision(impl, case)
+def _collect(op: OpSpec, case: Case, impl: Implementation, pools: Mapping[str, _Pool], observe: Observe) -> None:
+    outs, expected, inputs64, p = observe(case, impl)
     allowed = op.tolerance(case, inputs64, expected, p)
     fp32_share = op.tolerance(case, inputs64, expected, compute_only(p))
     dtype = getattr(torch, case.dtype)
@@ -217,16 +217,17 @@ def _collect(op: OpSpec, case: Case, impl: Implementation, pools: Mapping[str, _
             pool.add(outs[name], expected[name], allowed[name], fp32_share[name], op.output_dtypes.get(name, dtype))
 
 
-def measure(case: Case, impl: Implementation) -> tuple[int, dict[str, dict[str, Bias]]]:
+def measure(case: Case, impl: Implementation, observe: Observe) -> tuple[int, dict[str, dict[str, Bias]]]:
     """The calls made, and per narrowing output per direction its :class:`Bias`, pooled over
-    calls on reseeded inputs until every bound is at most DETECTABLE (or MAX_CALLS)."""
+    calls on reseeded inputs until every bound is at most DETECTABLE (or MAX_CALLS).
+    ``observe(case, impl)`` runs one call: (outputs, fp64 reference, fp64 inputs, precision)."""
     op = OPS[case.op]
     names = narrowing_outputs(op, getattr(torch, case.dtype))
     pools = {n: _Pool() for n in names}
     delta = FALSE_ALARM / (len(DIRECTIONS) * max(len(names), 1))
     calls = 0
     while True:
-        _collect(op, case if calls == 0 else _reseeded(case, calls), impl, pools)
+        _collect(op, case if calls == 0 else _reseeded(case, calls), impl, pools, observe)
         calls += 1
         found = {n: pool.judged(delta) for n, pool in pools.items()}
         widest = max((b for by in found.values() for b in by.values()), key=lambda b: b.allowed)
@@ -238,17 +239,11 @@ def measure(case: Case, impl: Implementation) -> tuple[int, dict[str, dict[str, 
             return calls, found
 
 
-def unbiased_rounding(case: Case, impl: Implementation) -> None:
-    """Each output narrower than fp32 (float16, bfloat16) has a mean signed error against
-    the fp64 reference, toward zero and toward -inf, within what round-to-nearest allows:
-    the fp32 arithmetic's bound, 1/16 ulp, and a self-normalised statistical margin at a
-    false-alarm rate of 1e-8 per example (the derivation and its assumptions:
-    tritoncheck/rounding_bias.py). A store that truncates or rounds down, within an ulp
-    at every element, fails here."""
-    calls, found = measure(case, impl)
+def judge(calls: int, found: Mapping[str, Mapping[str, Bias]]) -> None:
+    """The verdict on :func:`measure`'s figures: an AssertionError for a bias past its bound;
+    an example in which no output could show a bias of DETECTABLE is discarded (``assume``)."""
     judgeable = {n: by for n, by in found.items() if all(b.allowed <= DETECTABLE for b in by.values())}
-    # the check could not fail on this example (too few well-conditioned elements): discarded, not passed
-    assume(judgeable)
+    assume(judgeable)  # the check could not fail on this example: discarded, not passed
     for name, by in judgeable.items():
         for direction, b in by.items():
             if b.failed:
