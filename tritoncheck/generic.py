@@ -330,10 +330,10 @@ def autotune_configs_agree(case: Case, impl: Implementation) -> None:
     """Every autotune config of the kernels the implementation declares (``fn.autotuned``,
     tritoncheck/autotune_configs.py) answers the same inputs alike: each config pinned
     alone passes the op's own reference checks (``matches_reference``, and
-    ``gradients_match_reference`` where the case carries upstream gradients), i.e. matches
-    the fp64 reference within the op's rule (so any two agree within the sum
-    of their allowances); and the kernel left to autotune (every config run on the call's own buffers, then its choice:
-    :func:`autotune_configs.autotuning`) returns bit for bit what its choice returns alone.
+    ``gradients_match_reference`` where the case carries upstream gradients), so any two
+    agree within the sum of their allowances; and the kernels left to autotune (every
+    config run on the call's own buffers, then the choice:
+    :func:`autotune_configs.autotuning`) return bit for bit what the choice returns alone.
 
     Configs in turn (one per example, the other checks) meet each input once per config
     count; here every config meets every input. The autotuned run shows what no pinned

@@ -31,6 +31,7 @@ minimum of counted examples is applied: a target in which fewer than half of
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import multiprocessing
@@ -170,7 +171,6 @@ def _shipped(fn, source: str | None, folder: Path) -> tuple[str | None, Callable
 def _written(source: str, name: str, folder: Path) -> tuple[str, None, list[str]]:
     """``source`` as a module of ``folder`` (named by its hash: a draft edited and verified
     again is a new module), checked to compile here, and ``module:name`` in it."""
-    import hashlib
     try:
         compile(source, f"<verify source of {name}>", "exec")
     except SyntaxError as exc:
