@@ -7,7 +7,7 @@ from tritoncheck.mutation import mutant
 __all__ = [
     "half_split_pairs", "sin_sign_flipped", "backward_same_rotation", "last_row_block_unwritten",
     "sigmoid_overflow", "dup_missing_sigmoid", "gradients_into_saved_inputs", "x_strides_assumed_contiguous",
-    "gate_strides_assumed_contiguous",
+    "gate_strides_assumed_contiguous", "autotune_without_reset_to_zero", "swiglu_truncating_store",
 ]
 
 # ---------------------------------------------------------------------------- rope
@@ -145,4 +145,48 @@ gradients_into_saved_inputs = mutant(
         "expects activations. Triggered by any second backward."
     ),
     kills=("backward_repeatable",),
+)
+
+autotune_without_reset_to_zero = mutant(
+    "swiglu",
+    _kernel,
+    [("@unspecialised_jit\ndef _swiglu_fwd_kernel(",
+      '@triton.autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})], key=["NUMEL"])\n'
+      "@unspecialised_jit\ndef _swiglu_fwd_kernel("),
+     ("    y = g * s * u\n    tl.store(Y + idx, y.to(Y.dtype.element_ty), mask=mask)",
+      "    y = g * s * u\n    if BLOCK == 128:\n        y += tl.load(Y + idx, mask=mask, other=0.0).to(tl.float32)\n"
+      "    tl.store(Y + idx, y.to(Y.dtype.element_ty), mask=mask)"),
+     ("        y = torch.empty((m, n), dtype=gate.dtype, device=gate.device)",
+      "        y = torch.zeros((m, n), dtype=gate.dtype, device=gate.device)"),
+     ("_swiglu_fwd_kernel[(triton.cdiv(numel, block),)](",
+      '_swiglu_fwd_kernel[lambda meta: (triton.cdiv(numel, meta["BLOCK"]),)]('),
+     ("                n, numel,\n                BLOCK=block,\n            )\n        ctx.save_for_backward(g2, u2)",
+      "                n, numel,\n            )\n        ctx.save_for_backward(g2, u2)"),
+     ("swiglu.supports_backward = True", "swiglu.supports_backward = True\nswiglu.autotuned = (_swiglu_fwd_kernel,)")],
+    name="autotune_without_reset_to_zero",
+    bug=(
+        "An autotuned forward whose BLOCK=128 config adds its result into the output, which the "
+        "wrapper zero-fills (a split-K style accumulation). Run once, as any pinned config runs, it "
+        "is right; the autotuner times every config on the same buffer, and without "
+        "reset_to_zero=['Y'] the timing runs' sums stay in it. Class: state the autotuner's timing "
+        "leaves behind (triton#3004: each config alone works, both together do not). Trigger: any "
+        "input, when BLOCK=128 is timed and chosen."
+    ),
+    kills=("autotune_configs_agree",),
+)
+
+swiglu_truncating_store = mutant(
+    "swiglu",
+    _kernel,
+    [("    y = g * s * u\n    tl.store(Y + idx, y.to(Y.dtype.element_ty), mask=mask)",
+      '    y = g * s * u\n    tl.store(Y + idx, y.to(Y.dtype.element_ty, fp_downcast_rounding="rtz"), mask=mask)')],
+    name="swiglu_truncating_store",
+    bug=(
+        "The forward stores its fp32 result in float16/bfloat16 rounding toward zero instead of to "
+        "nearest. Every element is within an ulp, so each per-element rule passes it (the swiglu rule "
+        "admits a rounding of silu(gate) to the input dtype as well); the mean error is half an ulp "
+        "toward zero. Class: biased rounding in a narrowing store (ROCm/aiter#5151). Trigger: any "
+        "float16 or bfloat16 input."
+    ),
+    kills=("unbiased_rounding",),
 )

@@ -132,3 +132,40 @@ long_rows_detached = mutant(
         "shows only on some draws.",
     kills=("gradients_match_reference", "deterministic"),
 )
+
+autotune_config_rounds_in_input_dtype = mutant(
+    "softmax", kernel,
+    [("@unspecialised_jit\ndef _softmax_fwd_kernel(",
+      '@triton.autotune(configs=[triton.Config({"LOW_PRECISION": 0}), triton.Config({"LOW_PRECISION": 1})], '
+      'key=["N"])\n@unspecialised_jit\ndef _softmax_fwd_kernel('),
+     ("    SINGLE_BLOCK: tl.constexpr,\n):", "    SINGLE_BLOCK: tl.constexpr,\n    LOW_PRECISION: tl.constexpr,\n):"),
+     ("        e = tl.exp(z - m)\n        s = tl.sum(e, axis=0)",
+      "        e = tl.exp(z - m)\n        if LOW_PRECISION:\n            e = e.to(Y.dtype.element_ty).to(tl.float32)\n"
+      "        s = tl.sum(e, axis=0)"),
+     ("BLOCK=block, SINGLE_BLOCK=n <= block, num_warps=4 if block <= 2048 else 8,",
+      "BLOCK=block, SINGLE_BLOCK=n <= block,"),
+     ("softmax.supports_backward = True", "softmax.supports_backward = True\nsoftmax.autotuned = (_softmax_fwd_kernel,)")],
+    name="autotune_config_rounds_in_input_dtype",
+    bug="An autotuned forward whose second config rounds the exponentials to the input dtype before "
+        "summing and dividing (a 'low precision' variant among the tuning configs): each of its results "
+        "errs by up to 1.5 ulp where the other config's err by half. Class: autotune configs that "
+        "disagree (triton#6524: the autotuned choice differs from a fixed config). Trigger: float16 or "
+        "bfloat16 rows that fit one block, whenever that config runs; autotune_configs_agree runs every "
+        "config on every example.",
+    kills=("matches_reference", "autotune_configs_agree"),
+)
+
+truncating_store = mutant(
+    "softmax", kernel,
+    [("tl.store(y_row + cols, (e / s).to(Y.dtype.element_ty), mask=mask)",
+      'tl.store(y_row + cols, (e / s).to(Y.dtype.element_ty, fp_downcast_rounding="rtz"), mask=mask)'),
+     ("tl.store(y_row + offs, (tl.exp(z - m) / s).to(Y.dtype.element_ty), mask=mask)",
+      'tl.store(y_row + offs, (tl.exp(z - m) / s).to(Y.dtype.element_ty, fp_downcast_rounding="rtz"), mask=mask)')],
+    name="truncating_store",
+    bug="The fp32 result is stored in float16/bfloat16 rounding toward zero (a conversion that "
+        "truncates the low mantissa bits) instead of to nearest: every element within an ulp, all "
+        "of them low. Class: biased rounding in a narrowing store (ROCm/aiter#5151: a bf16 "
+        "conversion that truncated shrank a residual stream 8.98 % over 72 calls). Trigger: any "
+        "float16 or bfloat16 input; float32 stores do not narrow.",
+    kills=("unbiased_rounding",),
+)

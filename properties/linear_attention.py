@@ -35,7 +35,7 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from tritoncheck import backend, generic, parity, tolerance
+from tritoncheck import backend, generic, parity, rounding_bias, tolerance
 from tritoncheck.backend import BF16_DOT_ON_INTERPRETER
 from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
@@ -368,6 +368,16 @@ def la_deterministic(case: Case, impl: Implementation) -> None:
     generic.deterministic(FeatureCase.of(case), impl)
 
 
+def la_unbiased_rounding(case: Case, impl: Implementation) -> None:
+    """generic.unbiased_rounding on the feature-mapped inputs (q, k >= 0) the other checks use."""
+    generic.unbiased_rounding(FeatureCase.of(case), impl)
+
+
+def la_autotune_configs_agree(case: Case, impl: Implementation) -> None:
+    """generic.autotune_configs_agree on the feature-mapped inputs the other checks use."""
+    generic.autotune_configs_agree(FeatureCase.of(case), impl)
+
+
 def la_tolerance(case, inputs64, expected, p):
     return {"o": rules.linear_attention(inputs64["q"], inputs64["k"], inputs64["v"], expected["o"],
                                             case.params["causal"], case.params["eps"], p)}
@@ -415,5 +425,8 @@ register(OpSpec(
         Check("causal_mask_respected", causal_mask_respected),
         Check("last_causal_equals_bidirectional", last_causal_equals_bidirectional, requires=_needs_both_masks,
               needs_arguments=("causal",)),
+        Check("unbiased_rounding", la_unbiased_rounding, cases=rounding_bias.narrowing_cases,
+              false_alarm=rounding_bias.FALSE_ALARM),
+        Check("autotune_configs_agree", la_autotune_configs_agree, requires=generic.declares_autotuned),
     ),
 ))

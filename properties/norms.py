@@ -20,7 +20,7 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from tritoncheck import backend, parity, tolerance
+from tritoncheck import backend, generic, parity, rounding_bias, tolerance
 from tritoncheck.bad_input import BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers, widen_last
 from tritoncheck.config import CONFIG
 from tritoncheck.generic import calls_independent, generic_checks, gradients_match_reference, precision, run, snapshot
@@ -361,6 +361,11 @@ def assert_dropout_matches(op: OpSpec, case: Case, impl: Implementation, values,
                         what="y does not match the reference given the returned keep")
 
 
+def _bias_cases(op: OpSpec, dtype: torch.dtype):
+    rounding_bias.require_narrowing(op, dtype)
+    return _with_p(op, dtype, (0.0,)).map(rounding_bias.spread_values)
+
+
 def dropout_calls_independent(case: Case, impl: Implementation) -> None:
     """calls_independent (tritoncheck/generic.py) at every p: each of the two calls (the
     same seed, so by the contract the same mask) is compared with the fp64 reference
@@ -528,8 +533,13 @@ register(OpSpec(
     tolerance=dropout_tolerance,
     output_dtypes={"keep": torch.bool},
     checks=(Check("matches_reference", dropout_matches_reference),)
-    + tuple(c for c in generic_checks(grad=False) if c.name not in ("matches_reference", "calls_independent")) + (
+    + tuple(c for c in generic_checks(grad=False)
+            if c.name not in ("matches_reference", "calls_independent", "unbiased_rounding")) + (
         Check("calls_independent", dropout_calls_independent),
+        # the reference needs the returned mask for p > 0; at p = 0 the same stores round y
+        # (and the check's own value families: rounding_bias.narrowing_cases)
+        Check("unbiased_rounding", generic.unbiased_rounding, cases=_bias_cases,
+              false_alarm=rounding_bias.FALSE_ALARM),
         Check("p_zero_is_layer_norm", p_zero_is_layer_norm, cases=lambda op, dtype: _with_p(op, dtype, (0.0,))),
         Check("keep_fraction_binomial", keep_fraction_binomial, false_alarm=FALSE_ALARM),
         Check("seed_reproducible", seed_reproducible,

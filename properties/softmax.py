@@ -220,7 +220,8 @@ register(OpSpec(
     arguments=("x", "temperature"),
     outputs=("y",),
     kernel="tritoncheck.kernels.softmax:softmax",
-    controls=("tritoncheck.controls.softmax:torch_softmax", "tritoncheck.controls.softmax:torch_softmax_fp32"),
+    controls=("tritoncheck.controls.softmax:torch_softmax", "tritoncheck.controls.softmax:torch_softmax_fp32",
+              "tritoncheck.controls.softmax:torch_softmax_cuda_backward"),
     baseline=control_baseline("tritoncheck.controls.softmax:torch_softmax"),
     # rows past every common block size keep the multi-block path in play
     large_problem=LargeProblem(row_wise(2**17 + 3), "rows", ("x",)),

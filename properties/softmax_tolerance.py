@@ -89,18 +89,36 @@ def softmax_grad(x, y, dy, dx, temperature: float, p: Precision) -> np.ndarray:
     in fp16's subnormals is good to its spacing, which a large dy_j amplifies); <dy, y>
     errs by sum_j |dy_j| a_j + sum_j |dy_j y_j| sum_error(n), y_i (dy_i - <dy, y>) by
     a_i |dy_i - <dy, y>| + |y_i| times that; then the division by T (input dtype) and the
-    store round. Below the smallest normal: the gradient of z = x / T rounds to the
-    subnormal grid before the division scales it by 1/T, and the store rounds once more
-    (half a spacing each): a floor of max(1, 1/T) spacings.
+    store round.
+
+    The products g_j = dy_j y_j may be formed in the input dtype: PyTorch's own backward
+    does (aten's softmax_backward_cuda makes ``grad * output`` a tensor of the input
+    dtype, then its kernel stores g_i - y_i sum_j g_j). Each product errs by
+    r_j = u(input) |g_j|, or, below the dtype's smallest normal, by up to half a
+    subnormal spacing: r_i itself, and y_i sum_j r_j through the sum. The relative part
+    is summed worst case like the other terms; the subnormal part too (y_i times half a
+    spacing per subnormal product, no SAFETY: it is exact), since the roundings of a row
+    are not independent where its values repeat. Without this term a float16 row of 2045
+    with dy ~ 1e-3 (every product a subnormal) failed PyTorch's own result (issue 36).
+
+    Below the smallest normal: g_i and the gradient of z = x / T each round to the
+    subnormal grid (half a spacing each) before the division's backward scales them by
+    1/T, and for T != 1 the stored dx rounds once more: a floor of (1/T + [T != 1]/2)
+    spacings, at least one.
     """
     x, y, dy, dx = (float64_on(t) for t in (x, y, dy, dx))
     a = _softmax(x, y, temperature, p)
     n = torch.isfinite(x).sum(dim=-1, keepdim=True)
     inner = (dy * y).sum(dim=-1, keepdim=True)
     inner_err = (dy.abs() * a + (dy * y).abs() * sum_error(n, p.compute)).sum(dim=-1, keepdim=True)
-    bound = (a * ((dy - inner).abs() + inner_err) + y.abs() * inner_err) / temperature
-    return to_numpy(SAFETY * bound + 2 * p.store * dx.abs() + p.floor * max(1.0, 1.0 / temperature))
-
+    products = (dy * y).abs()
+    rounded = unit_roundoff(p.dtype) * products  # r_j's relative part
+    subnormal = torch.where(products < float(torch.finfo(p.dtype).tiny), p.floor / 2, 0.0)
+    bound = (a * ((dy - inner).abs() + inner_err) + y.abs() * inner_err
+             + rounded + y.abs() * rounded.sum(dim=-1, keepdim=True))
+    through_sum = y.abs() * subnormal.sum(dim=-1, keepdim=True)
+    floor = p.floor * max(1.0, 1.0 / temperature + (0.5 if temperature != 1 else 0.0))
+    return to_numpy((SAFETY * bound + through_sum) / temperature + 2 * p.store * dx.abs() + floor)
 
 
 def softmax_row_sum(x, y, temperature: float, p: Precision) -> np.ndarray:

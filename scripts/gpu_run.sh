@@ -4,6 +4,8 @@
 #   bash scripts/gpu_run.sh selfcheck large slow    # every mutant and control, the large-index check, the slow tier's rest
 # Every part runs whole test files without -m, so both test tiers of those files run (docs/ci.md,
 # Test tiers); `slow` runs the slow tier's tests of the files no other part runs.
+#   bash scripts/gpu_run.sh numerics                # issue 36's numerics (about 4 min): softmax fp16 gradient,
+#                                                   # autotune pins and agreement, rounding bias, rule audit
 # Logs land in $OUT/gpu/ and $OUT/gpu.tgz. Run from the checkout (installed or not).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -61,7 +63,36 @@ for part in "$@"; do
     timeout -s INT -k 10 "${SLOW_S:-300}" python3 -m pytest tests -m slow "${ignore[@]}" -n 8 -q -rfs --tb=short \
         -p no:randomly > "$OUT/gpu/slow.log" 2>&1
     echo "slow tier exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu/run.log"; tail -n 8 "$OUT/gpu/slow.log" ;;
-  *) echo "unknown part $part (suite, kernels, impl, selfcheck, large, slow)"; exit 2 ;;
+  numerics)
+    log "issue 36 numerics: softmax fp16 gradient, autotune pins and agreement, rounding bias, rule audit"
+    # in the background: the rule audit (each control's tightest case per rule) and the bias
+    # survey (every project kernel, control and truncating mutant through the statistic)
+    for i in 0 1 2 3; do
+      timeout -s INT -k 10 150 python3 benchmarks/rule_audit.py --examples 40 --shard "$i/4" --markdown \
+          > "$OUT/gpu/rule-audit-$i.log" 2>&1 &
+    done
+    for i in 0 1 2; do
+      timeout -s INT -k 10 150 python3 benchmarks/bias_survey.py --examples 8 --shard "$i/3" \
+          > "$OUT/gpu/bias-survey-$i.log" 2>&1 &
+    done
+    timeout -s INT -k 10 80 python3 -m pytest tests/test_property_rules.py tests/test_autotune_configs.py \
+        tests/test_rounding_bias.py tests/test_parity.py -n 3 -q -rfs --tb=short -p no:randomly \
+        > "$OUT/gpu/numerics-tests.log" 2>&1
+    echo "numerics tests exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu/run.log"
+    tail -n 4 "$OUT/gpu/numerics-tests.log"
+    timeout -s INT -k 10 130 python3 -m pytest tests/test_selfcheck.py -n 6 -q -rfs --tb=short -p no:randomly \
+        -k "unbiased_rounding or autotune_configs_agree or cuda_backward or truncating or autotune_config_rounds" \
+        > "$OUT/gpu/numerics-selfcheck.log" 2>&1
+    echo "numerics self-test exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu/run.log"
+    tail -n 4 "$OUT/gpu/numerics-selfcheck.log"
+    wait
+    echo "rule audit and bias survey done in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu/run.log"
+    cat "$OUT"/gpu/bias-survey-*.log | grep -v "^op " | sort -k8 -gr | head -n 8 | tee -a "$OUT/gpu/run.log"
+    grep -h "WRONG SIDE\|implementation(s) on the wrong side" "$OUT"/gpu/bias-survey-*.log | tee -a "$OUT/gpu/run.log"
+    grep -h "^| [a-z]" "$OUT"/gpu/rule-audit-*.log | grep -v "^| op" | sort -t'|' -k9 -gr | head -n 10 \
+        | tee -a "$OUT/gpu/run.log"
+    grep -h "^FAILED" "$OUT"/gpu/rule-audit-*.log | tee -a "$OUT/gpu/run.log" ;;
+  *) echo "unknown part $part (suite, kernels, impl, selfcheck, large, slow, numerics)"; exit 2 ;;
   esac
 done
 tar czf "$OUT/gpu.tgz" -C "$OUT" gpu && log "packed $OUT/gpu.tgz"

@@ -113,3 +113,89 @@ def test_an_implementation_that_does_not_load_is_a_failed_verdict_with_its_error
     verdict = _verify("tritoncheck.controls.softmax:no_such_function", tmp_path)
     assert not verdict.passed and verdict.failure.ending == verifier.ERROR, verdict.summary()
     assert "no_such_function" in verdict.failure.message and verdict.checks_run == ()
+
+
+DRAFT = '''
+import torch
+
+
+def drafted_softmax(x, temperature=1.0):
+    return torch.softmax(x.float() / temperature, dim=-1).to(x.dtype)
+
+
+drafted_softmax.uses_triton = False
+'''
+
+
+def _draft(filename: str, namespace: dict | None = None):
+    namespace = {"__name__": "__main__"} if namespace is None else namespace
+    exec(compile(DRAFT, filename, "exec"), namespace)
+    return namespace["drafted_softmax"]
+
+
+def test_a_function_from_exec_d_source_is_verified_from_the_source_given(tmp_path):
+    """A kernel-generation loop holds its draft as a string and execs it: the function has
+    no module; its source is passed and written to a module the child imports."""
+    fn = _draft("<string>", {})
+    with pytest.raises(TypeError, match=r"source=code"):
+        tritoncheck.verify("softmax", fn, quiet=True, report_dir=tmp_path / "refused")
+    verdict = _verify(fn, tmp_path, source=DRAFT, checks=("matches_reference",))
+    assert verdict.passed and verdict.checks_run == ("float32/matches_reference",), verdict.summary()
+    assert verdict.implementation == "drafted_softmax"
+
+
+def test_a_function_typed_into_a_repl_or_read_from_stdin_is_refused_at_the_call(tmp_path, monkeypatch):
+    """issue 36: defined in a script read from stdin, the function was sent by reference to
+    a child that could not run '<stdin>' again and died outside any example. Now: a
+    TypeError at the call saying what to pass; with its source it runs (the child no longer
+    tries to open '<stdin>')."""
+    import sys
+    fn = _draft("<stdin>")
+    main = sys.modules["__main__"]
+    monkeypatch.setattr(main, "__file__", "<stdin>")
+    monkeypatch.setattr(main, "drafted_softmax", fn, raising=False)
+    with pytest.raises(TypeError, match=r"<stdin> .*source=code"):
+        tritoncheck.verify("softmax", fn, quiet=True, report_dir=tmp_path / "refused")
+    verdict = _verify(fn, tmp_path, source=DRAFT, checks=("matches_reference",))
+    assert verdict.passed, verdict.summary()
+
+
+CELL_HELPERS = '''
+import torch
+SCALE = 1.0
+
+
+def _shifted(x):
+    return x - x.amax(dim=-1, keepdim=True)
+'''
+CELL_KERNEL = '''
+def notebook_softmax(x, temperature=1.0):
+    e = torch.exp(_shifted(x.float() / temperature) * SCALE)
+    return (e / e.sum(dim=-1, keepdim=True)).to(x.dtype)
+
+
+notebook_softmax.uses_triton = False
+raise RuntimeError("the rest of this cell (a training loop) must not run in the verifier's child")
+'''
+
+
+def test_a_function_from_a_notebook_cell_is_rebuilt_from_the_cells_linecache_keeps(tmp_path):
+    """IPython keeps every cell's source in linecache under a pseudo-file name: the
+    function, the helper and constants it uses from another cell, and its declarations are
+    sliced from there into a module; the rest of the cells (here a statement that raises)
+    is not."""
+    import linecache
+    namespace = {"__name__": "__main__"}
+    for i, cell in enumerate((CELL_HELPERS, CELL_KERNEL)):
+        filename = f"/tmp/ipykernel_4242/{i}.py"
+        linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)
+        try:
+            exec(compile(cell, filename, "exec"), namespace)
+        except RuntimeError:
+            pass
+    fn = namespace["notebook_softmax"]
+    verdict = _verify(fn, tmp_path, checks=("matches_reference",))
+    assert verdict.passed and verdict.checks_run == ("float32/matches_reference",), verdict.summary()
+    written = next(tmp_path.glob("tritoncheck_verify_notebook_softmax_*.py")).read_text()
+    assert "def _shifted" in written and "SCALE = 1.0" in written and "notebook_softmax.uses_triton = False" in written
+    assert "RuntimeError" not in written

@@ -14,7 +14,7 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from tritoncheck import backend, parity, tolerance
+from tritoncheck import backend, parity, rounding_bias, tolerance
 from tritoncheck.oracle import allowance_mostly_vacuous, assert_identical, to_numpy
 from tritoncheck.phases import timed
 from tritoncheck.registry import OPS, Check, Implementation, OpSpec
@@ -342,6 +342,87 @@ def backward_repeatable(case: Case, impl: Implementation) -> None:
                                              "gradient the first one returned")
 
 
+def observed(case: Case, impl: Implementation):
+    """One call: the outputs, the fp64 reference of the inputs as they were before it, the
+    fp64 inputs and the implementation's Precision (rounding_bias.Observe)."""
+    values = case.materialise(backend.device())
+    before = snapshot(values)
+    _, outs = run(case, impl, values)
+    expected, inputs64 = OPS[case.op].expected(case, before)
+    return outs, expected, inputs64, precision(impl, case)
+
+
+def unbiased_rounding(case: Case, impl: Implementation) -> None:
+    """Each output narrower than fp32 (float16, bfloat16) has a mean signed error against
+    the fp64 reference, toward zero and toward -inf, within what round-to-nearest allows:
+    the fp32 arithmetic's bound, 1/16 ulp, and a self-normalised statistical margin at a
+    false-alarm rate of 1e-8 per example, over the elements of calls on reseeded inputs
+    (the derivation and its assumptions: tritoncheck/rounding_bias.py). A store that
+    truncates or rounds down, within an ulp at every element, fails here."""
+    rounding_bias.judge(*rounding_bias.measure(case, impl, observed))
+
+
+def autotune_configs_agree(case: Case, impl: Implementation) -> None:
+    """Every autotune config of the kernels the implementation declares (``fn.autotuned``,
+    tritoncheck/autotune_configs.py) answers the same inputs alike: each config pinned
+    alone passes the op's own reference checks (``matches_reference``, and
+    ``gradients_match_reference`` where the case carries upstream gradients), so any two
+    agree within the sum of their allowances; and the kernels left to autotune (every
+    config run on the call's own buffers, then the choice:
+    :func:`autotune_configs.autotuning`) return bit for bit what the choice returns alone.
+
+    Configs in turn (one per example, the other checks) meet each input once per config
+    count; here every config meets every input. The autotuned run shows what no pinned
+    run can: state the timing runs leave behind (an output accumulated into without
+    ``reset_to_zero``, triton#3004), a choice that returns another config's writes
+    (triton#9230)."""
+    from tritoncheck import autotune_configs
+    op, fn = OPS[case.op], impl.fn
+    count = autotune_configs.config_count(fn)
+    grads = _needs_backward(impl) is None and bool(op.grad_inputs) and all(
+        f"d{n}" in case.tensors for n in op.grad_outputs)
+
+    def described(i: int) -> str:
+        return ", ".join(f"{autotune_configs.name(k)} {autotune_configs.describe(cs[i % len(cs)])}"
+                         for k in autotune_configs.autotuned_kernels(fn) for cs in [autotune_configs.configs_of(k)])
+
+    own = {c.name: c.run for c in op.checks}  # the op's own reference checks (its domains, its references)
+    for i in range(count):
+        with autotune_configs.pinned_all(fn, i):
+            try:
+                own.get("matches_reference", matches_reference)(case, impl)
+                if grads:
+                    own.get("gradients_match_reference", gradients_match_reference)(case, impl)
+            except AssertionError as exc:
+                raise AssertionError(f"autotune config {i} of {count} ({described(i)}), on the same inputs as the "
+                                     f"others:\n{exc}") from None
+
+    def outputs() -> dict[str, torch.Tensor]:
+        values = case.materialise(backend.device())
+        if not grads:
+            return run(case, impl, values)[1]
+        outs, got = _backward(op, case, impl, values)
+        return {**outs, **{f"d{n}": g for n, g in got.items()}}
+
+    fastest = sum(spec.seed for spec in case.tensors.values()) % count  # which config the emulated clock favours
+    with autotune_configs.autotuning(fn, fastest) as chosen:
+        tuned = {k: t.detach().clone() for k, t in outputs().items()}
+    with autotune_configs.pinned_to(fn, chosen):
+        alone = outputs()
+    picked = ", ".join(f"{autotune_configs.name(k)} {autotune_configs.describe(chosen.get(id(k)))}"
+                       for k in autotune_configs.autotuned_kernels(fn))
+    for name, t in tuned.items():
+        assert_identical(name, t, alone[name].detach(),
+                         f"left to autotune ({picked} chosen after every config ran on the same buffers), "
+                         f"{impl.name} differs from that choice run alone on the same inputs")
+
+
+def declares_autotuned(impl: Implementation) -> str | None:
+    if not getattr(impl.fn, "autotuned", None):
+        return f"not applicable: {impl.name} declares no autotuned kernels (fn.autotuned)"
+    return None
+
+
 def _needs_backward(impl: Implementation) -> str | None:
     if not impl.supports_backward:
         return f"{impl.name} declares supports_backward = False"
@@ -363,5 +444,9 @@ def generic_checks(grad: bool) -> tuple[Check, ...]:
     if grad:
         checks.append(Check("backward_repeatable", backward_repeatable, cases=with_upstream,
                             requires=_needs_backward))
+    checks.append(Check("unbiased_rounding", unbiased_rounding, cases=rounding_bias.narrowing_cases,
+                        false_alarm=rounding_bias.FALSE_ALARM))
+    checks.append(Check("autotune_configs_agree", autotune_configs_agree, cases=with_upstream if grad else None,
+                        requires=declares_autotuned))
     return tuple(checks)
 

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, Phase, given, reject, seed, settings
 from hypothesis.errors import Flaky, Unsatisfiable, UnsatisfiedAssumption
 
 from tritoncheck import autotune_configs, backend, registry, strategies
+from tritoncheck.limits import NotApplicable
 from tritoncheck.oracle import InvalidAllowance
 from tritoncheck.poisoning import poisoned_allocations_for
 from tritoncheck.refusals import Refused
@@ -140,8 +141,13 @@ def runnable(op: OpSpec, impl: Implementation, check: Check, dtype: torch.dtype)
         return limit.reason
     if impl.unsupported(dtype):
         return impl.unsupported(dtype)
-    if check.requires is not None:
+    if check.requires is not None and check.requires(impl):
         return check.requires(impl)
+    if check.cases is not None:
+        try:
+            check.cases(op, dtype)  # a check that does not apply in this dtype says so (rounding_bias)
+        except NotApplicable as exc:
+            return str(exc)
     return None
 
 

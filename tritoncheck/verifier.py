@@ -30,6 +30,8 @@ minimum of counted examples is applied: a target in which fewer than half of
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import multiprocessing
@@ -96,8 +98,15 @@ class Verdict:
 def verify(op: str, fn: Callable | str, *, budget_s: float = 300.0, seed: int | None = None,
            max_examples: int = 10, dtypes: tuple[str, ...] | None = None, checks: tuple[str, ...] | None = None,
            example_timeout_s: float = 60.0, report_dir: str | Path | None = None, backend: str = "auto",
-           quiet: bool = False) -> Verdict:
+           quiet: bool = False, source: str | None = None) -> Verdict:
     """Check ``fn`` (a callable, or ``"module:function"``) as an implementation of ``op``.
+
+    The checks run in a spawned child, which must import ``fn``: a function of a module
+    file is imported by name; one from a notebook cell, a file-less ``__main__`` or an
+    ``exec`` whose source is in ``linecache`` is rebuilt from it (tritoncheck/function_source.py);
+    ``source`` (the code that defines it, e.g. a kernel-generation loop's draft) is written
+    to a module of its own, ``fn`` then naming the function in it (its name, or the
+    callable). Where none of these works the call raises a TypeError saying what to pass.
 
     ``budget_s`` bounds the whole call, the child's start included; ``seed`` fixes the
     cases (fresh when None); ``max_examples`` per (dtype, check) target; ``dtypes`` and
@@ -111,15 +120,17 @@ def verify(op: str, fn: Callable | str, *, budget_s: float = 300.0, seed: int | 
     seed = secrets.randbelow(2**32) if seed is None else int(seed)
     folder = Path(report_dir) if report_dir is not None else Path("reports") / f"verify-{op}-{seed}"
     folder.mkdir(parents=True, exist_ok=True)
-    target, callable_ = _import_path(fn)
+    target, callable_, paths = _shipped(fn, source, folder)
     name = (target or "").rpartition(":")[2] or getattr(fn, "__name__", "impl")
     if not quiet:
         print(f"tritoncheck.verify: {op} {name}, seed {seed} (pass seed={seed} to replay these cases)",
               file=sys.stderr)
     job = dict(op=op, target=target, fn=callable_, seed=seed, max_examples=max_examples,
                dtypes=tuple(dtypes) if dtypes else None, checks=tuple(checks) if checks else None,
-               report_dir=str(folder.resolve()), backend=_backend_for(backend))
+               report_dir=str(folder.resolve()), backend=_backend_for(backend), paths=paths)
     run, skipped, failure = _supervise(job, start, budget_s, example_timeout_s)
+    if failure is not None and failure.replay and paths:  # the module written for the child: on the replay's path
+        failure = dataclasses.replace(failure, replay=f"PYTHONPATH={os.pathsep.join(paths)} {failure.replay}")
     verdict = Verdict(passed=failure is None, op=op, implementation=name, seed=seed, failure=failure,
                       checks_run=tuple(run), checks_skipped=skipped, report=folder / "verdict.json",
                       elapsed_s=time.monotonic() - start)
@@ -148,23 +159,47 @@ def _check_names(op: str, dtypes, checks) -> None:
                                  + f"; {op}'s {what}s: {', '.join(known)}")
 
 
-def _import_path(fn) -> tuple[str | None, Callable | None]:
-    """``fn`` as ``module:function`` when another process can import it that way; else
-    the callable itself, which the spawned child unpickles (a function at the top of the
-    caller's ``__main__`` script pickles by reference; a lambda or a nested function
-    does not, and is an error)."""
+def _shipped(fn, source: str | None, folder: Path) -> tuple[str | None, Callable | None, list[str]]:
+    """How the child gets ``fn``: ``(module:function, None, extra sys.path)`` to import, or
+    ``(None, fn, [])`` to unpickle (a top-level function of the caller's ``__main__`` script,
+    which the spawned child runs again). A function without an importable module is
+    written to a module in ``folder`` from ``source`` or from the source linecache holds
+    (:mod:`tritoncheck.function_source`); a TypeError saying what to do where neither exists."""
+    from tritoncheck import function_source
+    if source is not None:
+        name = fn if isinstance(fn, str) else getattr(fn, "__name__", None)
+        if not isinstance(source, str) or not isinstance(name, str) or not name.isidentifier():
+            raise TypeError("verify: with source=, fn names the function the source defines (its name, or the "
+                            f"function itself); got {fn!r}")
+        return _written(source, name, folder)
     if isinstance(fn, str):
-        return fn, None
+        return fn, None, []
     target = getattr(fn, "target", None)  # a tritoncheck Mutant names its import path
-    if not isinstance(target, str):
-        module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "<")
-        target = f"{module}:{qualname}" if module and "<" not in qualname else None
-    if target is None:
-        raise TypeError(f"verify: {fn!r} cannot be sent to a child process (a lambda or a nested function); "
-                        "define it at the top level of a module or script, or pass 'module:function'")
-    if target.startswith("__main__:"):
-        return None, fn
-    return target, None
+    if isinstance(target, str):
+        return target, None, []
+    target = function_source.import_path(fn)
+    if target is not None:
+        return target, None, []
+    if function_source.defined_in_main_script(fn):
+        return None, fn, []
+    if "<locals>" in getattr(fn, "__qualname__", "") or not getattr(fn, "__name__", "<").isidentifier():
+        raise TypeError(f"verify: {fn!r} cannot be sent to a child process (a lambda or a nested function); define "
+                        "it at the top level of a module, notebook cell or script, pass 'module:function', or pass "
+                        "its source: verify(op, name, source=code)")
+    return _written(function_source.module_source(fn), fn.__name__, folder)
+
+
+def _written(source: str, name: str, folder: Path) -> tuple[str, None, list[str]]:
+    """``source`` as a module of ``folder`` (named by its hash: a draft edited and verified
+    again is a new module), checked to compile here, and ``module:name`` in it."""
+    try:
+        compile(source, f"<verify source of {name}>", "exec")
+    except SyntaxError as exc:
+        raise TypeError(f"verify: the source given for {name} does not compile: {exc}") from None
+    module = f"tritoncheck_verify_{name}_{hashlib.sha1(source.encode()).hexdigest()[:10]}"
+    folder = folder.resolve()
+    (folder / f"{module}.py").write_text(source)
+    return f"{module}:{name}", None, [str(folder)]
 
 
 def _backend_for(choice: str) -> str:
@@ -182,10 +217,19 @@ def _supervise(job: dict, start: float, budget_s: float, example_timeout_s: floa
     # the child's `import triton` (its caller's module may import it first) must see the backend
     saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1" if job["backend"] == "interpret" else "0"
+    # a spawned child runs the caller's __main__ file again; a script read from stdin names
+    # "<stdin>", which the child cannot open (it would die before its first line): none then
+    main = sys.modules.get("__main__")
+    phantom = getattr(main, "__file__", None)
+    phantom = phantom if isinstance(phantom, str) and phantom.startswith("<") and phantom.endswith(">") else None
+    if phantom is not None:
+        del main.__file__
     try:
         child = context.Process(target=_child_main, args=(send, job), daemon=True)
         child.start()
     finally:
+        if phantom is not None:
+            main.__file__ = phantom
         if saved is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:
@@ -292,6 +336,7 @@ def _targets_of(job: dict) -> list:
     CONFIG.size = "small" if job["backend"] == "interpret" else "large"
     CONFIG.report_dir = Path(job["report_dir"])
     CONFIG.configured = True
+    sys.path[:0] = [p for p in job.get("paths", ()) if p not in sys.path]  # where a module written for the child lies
     ops = registry.load()
     op = ops[job["op"]]
     fn = job["fn"] if job["fn"] is not None else registry.resolve(job["target"])

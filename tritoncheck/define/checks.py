@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from tritoncheck.define import domains
 from tritoncheck.define.signature import DimExpression
-from tritoncheck.generic import generic_checks, precision, run
+from tritoncheck.generic import generic_checks, precision, run, with_upstream
 from tritoncheck.large_problem import LargeProblem, rows_past_int32
 from tritoncheck.oracle import assert_close, assert_identical, to_numpy
 from tritoncheck.registry import OPS, Check, Implementation, NotApplicable, OpSpec
@@ -127,7 +127,8 @@ def _output_axis(definition: "Definition", case: Case, output: str, dim: str, m:
 def of(definition: "Definition", grad_outputs: tuple[str, ...]) -> tuple[Check, ...]:
     base = generic_checks(grad=bool(definition.grads))
     upstream = _upstream(definition, grad_outputs)
-    out = [dataclasses.replace(c, cases=upstream) if c.cases is not None else c for c in base]
+    # the checks that draw upstream gradients draw the definition's (its outputs' domains); the others keep theirs
+    out = [dataclasses.replace(c, cases=upstream) if c.cases is with_upstream else c for c in base]
     out.append(Check("layout_invariant", layout_invariant))
     for dim in definition.independent:
         out.append(Check(f"rows_independent_{dim}" if len(definition.independent) > 1 else "rows_independent",
