@@ -144,7 +144,7 @@ def _gdr_fwd_kernel(
 def _chunk_forms(k, g, beta, t_ok, rows, LOG_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One chunk's decays and WY inverse (the forward's and the backward's, computed alike):
     G (fp32 cumulative log decay), gamma = exp(G), R_ij = exp(G_i - G_j) on j <= i (exactly
-    0 above: exp of the positive exponents there is never multiplied into anything),
+    0 above, where the positive exponents are never exponentiated: no overflow to mask),
     exp(G_last - G_j) (0 on padded rows), exp(G_last), K K^T and T = (I + A)^{-1} with
     A_ij = beta_i (k_i . k_j) R_ij on j < i. T by recursive block inversion: for
     s = 1, 2, 4, .. the inverse of each diagonal block of 2s rows from those of s rows,
@@ -153,7 +153,7 @@ def _chunk_forms(k, g, beta, t_ok, rows, LOG_CHUNK: tl.constexpr, DOT_PRECISION:
     lower = rows[None, :] <= rows[:, None]
     cum = tl.cumsum(g, axis=0)
     gamma = tl.exp(cum)
-    ratio = tl.where(lower, tl.exp(cum[:, None] - cum[None, :]), 0.0)
+    ratio = tl.where(lower, tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0)), 0.0)
     last = tl.sum(g, axis=0)
     to_end = tl.where(t_ok, tl.exp(last - cum), 0.0)
     kk = tl.dot(k, tl.trans(k), input_precision=DOT_PRECISION)
