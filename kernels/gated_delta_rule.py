@@ -154,8 +154,8 @@ def _chunk_forms(k, g, beta, t_ok, rows, LOG_CHUNK: tl.constexpr, DOT_PRECISION:
     cum = tl.cumsum(g, axis=0)
     gamma = tl.exp(cum)
     ratio = tl.where(lower, tl.exp(tl.where(lower, cum[:, None] - cum[None, :], 0.0)), 0.0)
-    last = tl.sum(g, axis=0)
-    to_end = tl.where(t_ok, tl.exp(last - cum), 0.0)
+    last = tl.sum(tl.where(rows == tl.sum(t_ok.to(tl.int32), axis=0) - 1, cum, 0.0), axis=0)  # G at the last token
+    to_end = tl.where(t_ok, tl.exp(last - cum), 0.0)  # exactly 1 for the last token
     kk = tl.dot(k, tl.trans(k), input_precision=DOT_PRECISION)
     a = tl.where(rows[None, :] < rows[:, None], beta[:, None] * kk * ratio, 0.0)
     inv = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
@@ -396,9 +396,11 @@ def _backward(q, k, v, g, beta, scale, table, ckpt, do, dht, chunk):
     dqp, dkp = torch.zeros((tiles, B, T, H, DK), **f32), torch.zeros((tiles, B, T, H, DK), **f32)
     dgp, dbp = torch.zeros((tiles, B, T, H), **f32), torch.zeros((tiles, B, T, H), **f32)
     dv = torch.zeros((B, T, H, DV), **f32)
-    dh0 = torch.zeros((N, H, DK, DV), **f32) if dht is None else dht.to(torch.float32).clone()
-    if N * H > 0 and B * T > 0:
-        dht = None if dht is None else dht.to(torch.float32).contiguous()
+    dh0 = torch.zeros((N, H, DK, DV), **f32)  # contiguous, whatever layout the upstream dht has
+    dht = None if dht is None else dht.to(torch.float32).contiguous()
+    if N * H > 0 and B * T == 0 and dht is not None:
+        dh0.copy_(dht)  # no token: the state passes through unchanged
+    elif N * H > 0:
         _gdr_bwd_kernel[(N * H, tiles)](
             q, k, v, g, beta, do, dht if dht is not None else dh0, ckpt, table,
             dqp, dkp, dgp, dbp, dv, dh0, B, T, H, DK, DV, scale,

@@ -38,12 +38,22 @@ multiplied by A_t ... A_{s+1}, never enlarged, and damped along every key writte
   independent: SUM_LAMBDA KAPPA_READ u_op scale sqrt(sum_d (q_t[d] h_t[d, e])^2 +
   sum_j ((q_t . k_j) exp(G_t - G_j) u_j[e])^2), j over the C tokens up to t (the chunk's
   boundaries unknown: every chunk that holds t lies in that window).
+* Underflow. A dot operand below fp32's smallest normal F may be read as another value
+  within F (GPU flush to zero; ``tolerance.DOT_READ_FLOOR``): a product errs by F times
+  its other operand. Charged on the write (k and h' in the read h'^T k, a chunk's k . k
+  products times the pseudo-values they weight: F (sum_d |h'[d, e]| + ||k_t||_1 +
+  sum_j |u_j[e]|), j over the C tokens before t) and on o (q and h, the scores and the
+  pseudo-values: F (sum_d |h_t[d, e]| + ||q_t||_1 + sum_j |u_j[e]| + sum_j |(q_t . k_j)
+  R|)). Negligible unless a case's magnitudes span fp32's range (a value near the max
+  scales the rest of its tensor into the subnormals).
 * Decays. exp(G_i - G_j) from fp32 cumulative sums of g over a chunk (fla, this suite's
   kernel) errs relatively by u32 (EXP_ULPS + (2 + sum_error(C)) Lambda_t), Lambda_t =
   sum |g| over the C tokens up to t (|G_i|, |G_j| <= Lambda_t), and the state's decays
-  compound once a chunk: u32 EXP_ULPS per 16 tokens. Charged on the magnitude
-  sum_d |q_d| |h_t[d, e]| (o) and |h_T| (the final state). C is the kernel's largest
-  declared chunk (``fn.chunk_sizes``), else 64 (fla's).
+  compound once a chunk: u32 EXP_ULPS per 16 tokens. Charged as an error of each state
+  column along itself (delta_t^2 h'_e h'_e^T into M at every token, D_e D_e^T into the
+  adjoint's: a chunked kernel weighs even the adjoint's own token by exp(G_last - G_t),
+  1 only up to that error), and on the magnitude sum_d |q_d| |h_t[d, e]| of o and |h_T| of the final
+  state. C is 64, fla's chunk and this kernel's largest.
 
 Gradients: the adjoint D_t = dL/dh_t runs backwards through the same A_t (symmetric), so
 its errors are bounded alike; the rule keeps one variance per column for them (F_t[e]^2,
@@ -65,7 +75,17 @@ import numpy as np
 import torch
 
 from tritoncheck.references.gated_delta_rule import resolved_scale, sequences
-from tritoncheck.tolerance import EXP_ULPS, SAFETY, SUM_LAMBDA, U32, Precision, float64_on, sum_error, unit_roundoff
+from tritoncheck.tolerance import (
+    DOT_READ_FLOOR,
+    EXP_ULPS,
+    SAFETY,
+    SUM_LAMBDA,
+    U32,
+    Precision,
+    float64_on,
+    sum_error,
+    unit_roundoff,
+)
 
 KAPPA = math.sqrt(8.0)  # roundings that land on a pseudo-value (module docstring)
 KAPPA_READ = 2.0  # a product's two operands rounded
@@ -87,29 +107,35 @@ def _decay_error(g: torch.Tensor, chunk: int) -> torch.Tensor:
     return U32 * (EXP_ULPS * (1 + torch.floor(t / DECAY_COMPOUND)) + (2 + float(sum_error(chunk))) * window)
 
 
-def _forward_pass(q, k, v, g, beta, h0, u_op):
+def _forward_pass(q, k, v, g, beta, h0, u_op, chunk: int = DEFAULT_CHUNK):
     """The recurrence in fp64 with the error variance per column ([B, T, H, *] inputs, h0
     [B, H, K, V]): yields per token (h'_t, h_t, u_t, m_t, M_t) where M_t is the variance
-    after token t's write."""
+    after token t's write, m_t the write's error bound (rounding and read floors)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     h = h0.clone()
     M = q.new_zeros(B, H, V, K, K)
+    decay = _decay_error(g, chunk)  # [B, T, H]
+    recent: list[torch.Tensor] = []  # |u_j| of the C tokens before t
     for t in range(T):
         a = torch.exp(g[:, t])[:, :, None, None]
         hp = a * h
+        # the decay's relative error moves each column of h' along itself
+        M = a[..., None] ** 2 * M + (decay[:, t, :, None, None, None] ** 2) * torch.einsum(
+            "bhkv,bhlv->bhvkl", hp, hp)
         kt, bt = k[:, t], beta[:, t][:, :, None]
-        m = bt * (v[:, t].abs() + torch.einsum("bhk,bhkv->bhv", kt.abs(), hp.abs()))
         u = bt * (v[:, t] - torch.einsum("bhk,bhkv->bhv", kt, hp))
+        # operands read as up to DOT_READ_FLOOR off (flushed subnormals): k and h' in the
+        # read, the chunk's k . k products times the pseudo-values they weight
+        window = torch.stack(recent).sum(0) if recent else 0.0
+        floor = DOT_READ_FLOOR * (hp.abs().sum(-2) + kt.abs().sum(-1, keepdim=True) + window)
+        m = KAPPA * u_op * bt * (v[:, t].abs() + torch.einsum("bhk,bhkv->bhv", kt.abs(), hp.abs())) + bt * floor
+        recent.append(u.abs())
+        del recent[:-chunk]
         h = hp + kt[..., :, None] * u[..., None, :]
-        # M <- a^2 (I - b k k^T) M (I - b k k^T) + inj^2 k k^T, per column
-        Mk = torch.einsum("bhvkl,bhl->bhvk", M, kt)
-        kMk = torch.einsum("bhvk,bhk->bhv", Mk, kt)
+        # M <- (I - b k k^T) M (I - b k k^T) + m^2 k k^T, per column (M already decayed)
         kk = kt[..., :, None] * kt[..., None, :]
-        b2 = bt[..., None, None]
-        M = a[..., None] ** 2 * (M - b2 * (kt[:, :, None, :, None] * Mk[..., None, :] + Mk[..., :, None]
-                                           * kt[:, :, None, None, :]) + b2 ** 2 * kMk[..., None, None] * kk[:, :, None])
-        M = M + ((KAPPA * u_op * m) ** 2)[..., None, None] * kk[:, :, None]
+        M = _propagate(M, kt, bt) + (m ** 2)[..., None, None] * kk[:, :, None]
         yield hp, h, u, m, M
 
 
@@ -141,8 +167,13 @@ def gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens, o, fina
             scores = torch.einsum("bhk,bjhk->bjh", qt, ks[:, w0:t + 1]) * torch.exp(cum[:, t, None] - cum[:, w0:t + 1])
             pseudo.append(u)
             del pseudo[:-chunk]
-            intra = torch.einsum("bjh,jbhv->bhv", scores ** 2, torch.stack(pseudo) ** 2)
-            err = SUM_LAMBDA * (var.sqrt() + KAPPA_READ * u_op * (terms + intra).sqrt()) + decay[:, t, :, None] * read
+            stacked = torch.stack(pseudo)
+            intra = torch.einsum("bjh,jbhv->bhv", scores ** 2, stacked ** 2)
+            # flushed operands: q and h in the read, the scores and the pseudo-values they weight
+            floor = DOT_READ_FLOOR * (h.abs().sum(-2) + qt.abs().sum(-1, keepdim=True) + stacked.abs().sum(0)
+                                      + scores.abs().sum(1)[..., None])
+            err = SUM_LAMBDA * (var.sqrt() + KAPPA_READ * u_op * (terms + intra).sqrt()) + decay[:, t, :, None] * read \
+                + floor
             ot = o[b, s + t]
             allowed_o[b, s + t] = (SAFETY * scale * err[0] + p.store * ot.abs().nan_to_num(0.0) + p.floor)
         last = decay[:, -1, :, None, None] if e > s else 0.0
@@ -219,6 +250,7 @@ def gated_delta_rule_grad(q, k, v, g, beta, scale, initial_state, cu_seqlens, do
             if t % BLOCK == 0:
                 marks.append(prev)
             prev = (h, M)
+        adj_decay = _decay_error(gs, chunk)
         D = dfinal[n:n + 1].clone() if dfinal is not None else q.new_zeros(1, H, K, V)
         N = zero.clone()
         window: list[torch.Tensor] = []  # the next C tokens' dg pieces, squared magnitudes
@@ -233,7 +265,10 @@ def gated_delta_rule_grad(q, k, v, g, beta, scale, initial_state, cu_seqlens, do
                 Mp = a[..., None, None] ** 2 * (M_start if i == 0 else steps[i - 1][4])
                 qt, kt, vt, dot, bt = qs[:, t], ks[:, t], vs[:, t], dos[:, t], bs[:, t][:, :, None]
                 D = D + scale * qt[..., :, None] * dot[..., None, :]
-                N = N + torch.diag_embed(((u_op * scale) ** 2 * qt[..., None, :] ** 2 * dot[..., :, None] ** 2))
+                # the rounding of scale q do^T, elementwise; the decays that weigh D_t's terms
+                # (exp(G_m - G_t), exp(G_last - G_t) in a chunked kernel) along D_t itself
+                N = N + torch.diag_embed(((u_op * scale) ** 2 * qt[..., None, :] ** 2 * dot[..., :, None] ** 2)) \
+                    + (adj_decay[:, t, :, None, None, None] ** 2) * torch.einsum("bhkv,bhlv->bhvkl", D, D)
                 du = torch.einsum("bhkv,bhk->bhv", D, kt)
                 read_D = torch.einsum("bhkv,bhk->bhv", D ** 2, kt ** 2)  # sum_d (k_d D_de)^2
                 du_var = _quad(N, kt) + rd * read_D
@@ -243,7 +278,7 @@ def gated_delta_rule_grad(q, k, v, g, beta, scale, initial_state, cu_seqlens, do
                     * (kt[..., :, None] * kt[..., None, :])[:, :, None]
                 r = torch.einsum("bhkv,bhk->bhv", hp, kt)
                 r_var = _quad(Mp, kt)
-                u_var = bt ** 2 * r_var + (KAPPA * u_op * m) ** 2
+                u_var = bt ** 2 * r_var + m ** 2
                 pos = (b, s + t)
                 var["q"][pos] = (scale ** 2 * (torch.einsum("bhkv,bhv->bhk", _diag(Mt), dot ** 2)
                                                + rd * torch.einsum("bhkv,bhv->bhk", ht ** 2, dot ** 2)))[0]
