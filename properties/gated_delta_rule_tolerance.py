@@ -107,6 +107,14 @@ def _decay_error(g: torch.Tensor, chunk: int) -> torch.Tensor:
     return U32 * (EXP_ULPS * (1 + torch.floor(t / DECAY_COMPOUND)) + (2 + float(sum_error(chunk))) * window)
 
 
+def _groups(B: int, T: int, cu_seqlens) -> list[tuple[slice, slice, slice]]:
+    """(batch rows, tokens, states) evaluated together: every row at once without offsets
+    (all sequences as long), else one packed sequence at a time."""
+    if cu_seqlens is None:
+        return [(slice(0, B), slice(0, T), slice(0, B))]
+    return [(slice(b, b + 1), slice(s, e), slice(n, n + 1)) for n, (b, s, e) in enumerate(sequences(B, T, cu_seqlens))]
+
+
 def _forward_pass(q, k, v, g, beta, h0, u_op, chunk: int = DEFAULT_CHUNK):
     """The recurrence in fp64 with the error variance per column ([B, T, H, *] inputs, h0
     [B, H, K, V]): yields per token (h'_t, h_t, u_t, m_t, M_t) where M_t is the variance
@@ -149,13 +157,14 @@ def gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens, o, fina
     h0 = float64_on(initial_state) if initial_state is not None else None
     u_op = operand_unit(p, K, chunk)
     allowed_o, allowed_f = torch.zeros_like(o), torch.zeros_like(final)
-    for n, (b, s, e) in enumerate(sequences(B, T, cu_seqlens)):
-        args = [a[b:b + 1, s:e] for a in (q, k, v, g, beta)]
+    for rows, toks, states in _groups(B, T, cu_seqlens):
+        args = [a[rows, toks] for a in (q, k, v, g, beta)]
         qs, ks, vs, gs, bs = args
-        start = h0[n:n + 1] if h0 is not None else q.new_zeros(1, H, K, V)
+        nb = qs.shape[0]
+        start = h0[states] if h0 is not None else q.new_zeros(nb, H, K, V)
         decay = _decay_error(gs, chunk)
         cum = torch.cumsum(gs, dim=1)  # [1, T, H]
-        h, M = start, q.new_zeros(1, H, V, K, K)
+        h, M = start, q.new_zeros(nb, H, V, K, K)
         pseudo: list[torch.Tensor] = []  # u_j of the C tokens up to t
         for t, (_, h, u, _, M) in enumerate(_forward_pass(*args, start, u_op)):
             qt = qs[:, t]
@@ -174,11 +183,11 @@ def gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens, o, fina
                                       + scores.abs().sum(1)[..., None])
             err = SUM_LAMBDA * (var.sqrt() + KAPPA_READ * u_op * (terms + intra).sqrt()) + decay[:, t, :, None] * read \
                 + floor
-            ot = o[b, s + t]
-            allowed_o[b, s + t] = (SAFETY * scale * err[0] + p.store * ot.abs().nan_to_num(0.0) + p.floor)
-        last = decay[:, -1, :, None, None] if e > s else 0.0
+            ot = o[rows, toks][:, t]
+            allowed_o[rows, toks.start + t] = SAFETY * scale * err + p.store * ot.abs().nan_to_num(0.0) + p.floor
+        last = decay[:, -1, :, None, None] if qs.shape[1] else 0.0
         spread = SUM_LAMBDA * torch.diagonal(M, dim1=-2, dim2=-1).clamp(min=0).sqrt().transpose(-1, -2)  # [1,H,K,V]
-        allowed_f[n] = (SAFETY * (spread + last * h.abs()) + U32 * h.abs() + p.floor)[0]
+        allowed_f[states] = SAFETY * (spread + last * h.abs()) + U32 * h.abs() + p.floor
     return allowed_o.cpu().numpy(), allowed_f.cpu().numpy()
 
 
@@ -239,23 +248,23 @@ def gated_delta_rule_grad(q, k, v, g, beta, scale, initial_state, cu_seqlens, do
     rd = (KAPPA_READ * u_op) ** 2
     var = {n: torch.zeros(q.shape[:3] + ((K,) if n in ("q", "k") else (V,) if n == "v" else ()),
                           dtype=torch.float64, device=q.device) for n in ("q", "k", "v", "g", "beta")}
-    seqs = sequences(B, T, cu_seqlens)
-    dh0 = q.new_zeros(len(seqs), H, K, V)
-    for n, (b, s, e) in enumerate(seqs):
-        qs, ks, vs, gs, bs, dos = (a[b:b + 1, s:e] for a in (q, k, v, g, beta, do))
-        start = h0[n:n + 1] if h0 is not None else q.new_zeros(1, H, K, V)
-        zero = q.new_zeros(1, H, V, K, K)
+    dh0 = q.new_zeros(len(sequences(B, T, cu_seqlens)), H, K, V)
+    for rows, toks, states in _groups(B, T, cu_seqlens):
+        qs, ks, vs, gs, bs, dos = (a[rows, toks] for a in (q, k, v, g, beta, do))
+        nb, length = qs.shape[0], qs.shape[1]
+        start = h0[states] if h0 is not None else q.new_zeros(nb, H, K, V)
+        zero = q.new_zeros(nb, H, V, K, K)
         marks, prev = [], (start, zero)  # the state and its variance at every block's start
         for t, (_, h, _, _, M) in enumerate(_forward_pass(qs, ks, vs, gs, bs, start, u_op)):
             if t % BLOCK == 0:
                 marks.append(prev)
             prev = (h, M)
         adj_decay = _decay_error(gs, chunk)
-        D = dfinal[n:n + 1].clone() if dfinal is not None else q.new_zeros(1, H, K, V)
+        D = dfinal[states].clone() if dfinal is not None else q.new_zeros(nb, H, K, V)
         N = zero.clone()
         window: list[torch.Tensor] = []  # the next C tokens' dg pieces, squared magnitudes
         for blk in reversed(range(len(marks))):
-            b0, b1 = blk * BLOCK, min(e - s, (blk + 1) * BLOCK)
+            b0, b1 = blk * BLOCK, min(length, (blk + 1) * BLOCK)
             h_start, M_start = marks[blk]
             steps = list(_forward_pass(*(a[:, b0:b1] for a in (qs, ks, vs, gs, bs)), h_start, u_op))
             for i in reversed(range(b1 - b0)):
@@ -279,26 +288,26 @@ def gated_delta_rule_grad(q, k, v, g, beta, scale, initial_state, cu_seqlens, do
                 r = torch.einsum("bhkv,bhk->bhv", hp, kt)
                 r_var = _quad(Mp, kt)
                 u_var = bt ** 2 * r_var + m ** 2
-                pos = (b, s + t)
+                pos = (rows, toks.start + t)
                 var["q"][pos] = (scale ** 2 * (torch.einsum("bhkv,bhv->bhk", _diag(Mt), dot ** 2)
-                                               + rd * torch.einsum("bhkv,bhv->bhk", ht ** 2, dot ** 2)))[0]
-                var["v"][pos] = (bt ** 2 * du_var)[0]
+                                               + rd * torch.einsum("bhkv,bhv->bhk", ht ** 2, dot ** 2)))
+                var["v"][pos] = bt ** 2 * du_var
                 var["k"][pos] = (torch.einsum("bhv,bhkv->bhk", u ** 2, _diag(N))
                                  + torch.einsum("bhv,bhkv->bhk", dr ** 2, _diag(Mp))
                                  + torch.einsum("bhkv,bhv->bhk", D ** 2, u_var + rd * u ** 2)
-                                 + torch.einsum("bhkv,bhv->bhk", hp ** 2, bt ** 2 * du_var + rd * dr ** 2))[0]
+                                 + torch.einsum("bhkv,bhv->bhk", hp ** 2, bt ** 2 * du_var + rd * dr ** 2))
                 var["beta"][pos] = ((du_var * (vt - r) ** 2 + du ** 2 * (r_var + rd * (vt ** 2 + torch.einsum(
-                    "bhkv,bhk->bhv", hp ** 2, kt ** 2)))).sum(-1))[0]
+                    "bhkv,bhk->bhv", hp ** 2, kt ** 2)))).sum(-1))
                 pieces = scale ** 2 * torch.einsum("bhk,bhkv,bhv->bh", qt ** 2, ht ** 2, dot ** 2) \
                     + torch.einsum("bhk,bhkv,bhv->bh", kt ** 2, D ** 2, u ** 2) \
                     + torch.einsum("bhk,bhkv,bhv->bh", kt ** 2, hp ** 2, dr ** 2)
                 window.insert(0, pieces)
                 del window[chunk:]
                 var["g"][pos] = ((_quad(Np, hp) + _quad(Mp, Dp)).sum(-1) + rd * ((Dp * hp) ** 2).sum((-2, -1))
-                                 + rd * torch.stack(window).sum(0))[0]
+                                 + rd * torch.stack(window).sum(0))
                 D = Dp * a[..., None]
                 N = a[..., None, None] ** 2 * Np
-        dh0[n] = _diag(N)[0]
+        dh0[states] = _diag(N)
     out = {}
     for n in ("q", "k", "v", "g", "beta"):
         got = float64_on(grads[n]).abs().nan_to_num(0.0)
