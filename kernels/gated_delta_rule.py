@@ -79,20 +79,21 @@ def _interpreting() -> bool:
 
 @unspecialised_jit
 def _gdr_fwd_kernel(
-    Q, K, V, G, BETA,  # inputs [B, T, H, *], any strides
+    Q, K, V, G, BETA,  # inputs [B, T, H, *], any strides (G and BETA fp32)
     H0,  # initial state [N, H, K, V] fp32 contiguous (read when HAS_H0)
     O,  # out: o [B, T, H, V] in the input dtype, contiguous
     HT,  # out: final state [N, H, K, V] fp32 contiguous
     CKPT,  # out (SAVE): the state at each chunk's start [chunks, H, K, V] fp32
     SEQ,  # int64 [N, 4]: batch row, first token, end token, first chunk of each sequence
     H, DK, DV, scale,
+    HAS_H0, SAVE,  # runtime flags (0/1): read H0; store the chunk-start states (a compile fewer each)
     sqb, sqt, sqh, sqd,  # strides of Q
     skb, skt, skh, skd,  # strides of K
     svb, svt, svh, svd,  # strides of V
     sgb, sgt, sgh,  # strides of G
     sbb, sbt, sbh,  # strides of BETA
     sob, sot, soh, sod,  # strides of O
-    HAS_H0: tl.constexpr, SAVE: tl.constexpr, LOG_CHUNK: tl.constexpr,
+    LOG_CHUNK: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     nh = tl.program_id(0).to(tl.int64)
@@ -180,13 +181,14 @@ def _gdr_bwd_kernel(
     DV_OUT,  # out: fp32 [B, T, H, V]
     DH0,  # out: fp32 [N, H, K, V]
     B, T, H, DK, DV, scale,
+    HAS_DHT,  # runtime flag (0/1): read DHT
     sqb, sqt, sqh, sqd,
     skb, skt, skh, skd,
     svb, svt, svh, svd,
     sgb, sgt, sgh,
     sbb, sbt, sbh,
     sdb, sdt, sdh, sdd,  # strides of DO
-    HAS_DHT: tl.constexpr, LOG_CHUNK: tl.constexpr,
+    LOG_CHUNK: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     nh = tl.program_id(0).to(tl.int64)
@@ -378,8 +380,9 @@ def _forward(q, k, v, g, beta, scale, h0, seqs, chunk, save):
     block_k, block_v = _blocks(DK, DV)
     _gdr_fwd_kernel[(N * H, triton.cdiv(DV, block_v))](
         q, k, v, g, beta, h0 if h0 is not None else final, o, final, ckpt if save else final, table,
-        H, DK, DV, scale, *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), *o.stride(),
-        HAS_H0=h0 is not None, SAVE=save, LOG_CHUNK=chunk.bit_length() - 1,
+        H, DK, DV, scale, int(h0 is not None), int(save),
+        *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), *o.stride(),
+        LOG_CHUNK=chunk.bit_length() - 1,
         CHUNK=chunk, BLOCK_K=block_k, BLOCK_V=block_v, DOT_PRECISION=_DOT_PRECISION,
         num_warps=4, num_stages=1,
     )
@@ -403,13 +406,12 @@ def _backward(q, k, v, g, beta, scale, table, ckpt, do, dht, chunk):
     elif N * H > 0:
         _gdr_bwd_kernel[(N * H, tiles)](
             q, k, v, g, beta, do, dht if dht is not None else dh0, ckpt, table,
-            dqp, dkp, dgp, dbp, dv, dh0, B, T, H, DK, DV, scale,
+            dqp, dkp, dgp, dbp, dv, dh0, B, T, H, DK, DV, scale, int(dht is not None),
             *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), *do.stride(),
-            HAS_DHT=dht is not None, LOG_CHUNK=chunk.bit_length() - 1, CHUNK=chunk, BLOCK_K=block_k,
+            LOG_CHUNK=chunk.bit_length() - 1, CHUNK=chunk, BLOCK_K=block_k,
             BLOCK_V=block_v, DOT_PRECISION=_DOT_PRECISION, num_warps=4, num_stages=1,
         )
-    return (dqp.sum(0).to(q.dtype), dkp.sum(0).to(k.dtype), dv.to(v.dtype), dgp.sum(0).to(g.dtype),
-            dbp.sum(0).to(beta.dtype), dh0)
+    return dqp.sum(0).to(q.dtype), dkp.sum(0).to(k.dtype), dv.to(v.dtype), dgp.sum(0), dbp.sum(0), dh0
 
 
 class _GatedDeltaRule(torch.autograd.Function):
@@ -417,10 +419,13 @@ class _GatedDeltaRule(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, scale, initial_state, seqs, chunk):
         h0 = None if initial_state is None else initial_state.contiguous()
         save = any(ctx.needs_input_grad)
-        o, final, table, ckpt = _forward(q, k, v, g, beta, scale, h0, seqs, chunk, save)
+        # the gates in fp32 (a [B, T, H] copy at most): one compile per input dtype, not per pair
+        g32, beta32 = g.to(torch.float32), beta.to(torch.float32)
+        o, final, table, ckpt = _forward(q, k, v, g32, beta32, scale, h0, seqs, chunk, save)
         if save:
-            ctx.save_for_backward(q, k, v, g, beta, table, ckpt)
-            ctx.scale, ctx.chunk, ctx.has_h0 = scale, chunk, initial_state is not None
+            ctx.save_for_backward(q, k, v, g32, beta32, table, ckpt)
+            ctx.scale, ctx.chunk, ctx.has_h0, ctx.gate_dtypes = scale, chunk, initial_state is not None, \
+                (g.dtype, beta.dtype)
         return o, final
 
     @staticmethod
@@ -429,7 +434,8 @@ class _GatedDeltaRule(torch.autograd.Function):
         if do is None:
             do = torch.zeros(q.shape[:3] + (v.shape[3],), dtype=q.dtype, device=q.device)
         dq, dk, dv, dg, db, dh0 = _backward(q, k, v, g, beta, ctx.scale, table, ckpt, do, dht, ctx.chunk)
-        return dq, dk, dv, dg, db, None, dh0 if ctx.has_h0 else None, None, None
+        return (dq, dk, dv, dg.to(ctx.gate_dtypes[0]), db.to(ctx.gate_dtypes[1]), None,
+                dh0 if ctx.has_h0 else None, None, None)
 
 
 def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, chunk_size=None):

@@ -36,7 +36,7 @@ from tritoncheck import backend, generic
 from tritoncheck.bad_input import OTHER_DEVICE, BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers
 from tritoncheck.config import CONFIG
 from tritoncheck.large_problem import LargeProblem, rows_past_int32
-from tritoncheck.limits import NO_LIMITS, Limits
+from tritoncheck.limits import NO_LIMITS, Limits, OutsideLimits
 from tritoncheck.oracle import assert_close
 from tritoncheck.parity import control_baseline
 from tritoncheck.properties import chunked_scan
@@ -152,6 +152,12 @@ def gated_delta_rule_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS,
         varlen = False
     if limits.held("initial_state"):
         initial = False
+    one_row = limits.min_size.get("B", 1) <= 1 and 1 in limits.sizes.get("B", (1,))
+    if limits.bounds("T") or not one_row:  # packed: B = 1 and T the sum of free lengths
+        if varlen:
+            raise OutsideLimits("packed sequences need B = 1 and T free; the declared limits bound "
+                                f"{'T' if limits.bounds('T') else 'B'}")
+        varlen = False
     varlen = draw(st.integers(0, 2)) == 0 if varlen is None else varlen
     initial = draw(st.booleans()) if initial is None else initial
     kd = _head_dim(draw, limits, "K", CONFIG.pick(32, 128))
@@ -166,7 +172,8 @@ def gated_delta_rule_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS,
         assume(n_tokens >= min_t)
     else:
         b = draw(limits.specialised(OP, "B", 1, 2, span=(1, 2)))
-        n_tokens = draw(limits.size("T", min_t, max(min_t, t_max // (b * h)), blocks=CHUNKS))
+        # T past the default chunk (64) as often with two rows as with one
+        n_tokens = draw(limits.size("T", min_t, max(min_t, t_max // max(1, b * h // 2)), blocks=CHUNKS))
     n_seq = len(lengths) if varlen else b
     gate_dtype = draw(st.sampled_from((dtype, torch.float32)))
     specs = {}
@@ -377,18 +384,16 @@ def _large(dtype: torch.dtype, device) -> dict:
     l2-normalised, beta in (0, 1), g in (-1, 0), an initial state per row: each row is
     one sequence of 4099 tokens (65 chunks of 64, the last one token long)."""
     n, h, d = 4099, 4, 32
-    rows = rows_past_int32(n * h * d)
-    gen = torch.Generator(device=device).manual_seed(0)
+    rows = rows_past_int32(n * h * d)  # when built: PAST_INT32 as it is then
 
-    def rand(*shape):
-        return torch.rand(shape, generator=gen, device=device, dtype=torch.float32)
+    def rand(*shape):  # seeded by the check (torch.manual_seed)
+        return torch.rand(shape, device=device, dtype=torch.float32)
 
-    k = torch.randn((rows, n, h, d), generator=gen, device=device, dtype=torch.float32)
-    k = torch.nn.functional.normalize(k, dim=-1)
-    return {"q": torch.randn((rows, n, h, d), generator=gen, device=device).to(dtype), "k": k.to(dtype),
-            "v": torch.randn((rows, n, h, d), generator=gen, device=device).to(dtype),
+    k = torch.nn.functional.normalize(torch.randn((rows, n, h, d), device=device), dim=-1)
+    return {"q": torch.randn((rows, n, h, d), device=device).to(dtype), "k": k.to(dtype),
+            "v": torch.randn((rows, n, h, d), device=device).to(dtype),
             "g": (-rand(rows, n, h)).to(dtype), "beta": rand(rows, n, h).to(dtype),
-            "initial_state": torch.randn((rows, h, d, d), generator=gen, device=device)}
+            "initial_state": torch.randn((rows, h, d, d), device=device)}
 
 
 def _valid(dims, device) -> dict:

@@ -20,7 +20,9 @@ multiplied by A_t ... A_{s+1}, never enlarged, and damped along every key writte
   chunk. KAPPA^2 = 8 counts the roundings that land on u_t: the pseudo-value, the
   corrections W h (the state read), v beta and k beta gamma rounded, and T's rounding,
   whose terms T_ij beta_j v_j add up to sqrt(C / K) ~ 3 times m_t in norm (random keys;
-  |T_ij| decays geometrically for correlated ones).
+  |T_ij| decays geometrically for correlated ones). The write k_t u_t^T itself may be
+  rounded elementwise (a chunk's K^T U stored in the input dtype before it joins an fp32
+  state: plain PyTorch in fp16 does): KAPPA_READ u_op |k_t[d]| |u_t[e]| on each element.
 * Propagation. Rounding errors are independent and of either sign (Higham and Mary,
   SIAM J. Sci. Comput. 41(5), 2019): the error of column e after token t is a sum of the
   propagated per-token errors, which concentrates within SUM_LAMBDA times the square
@@ -39,8 +41,9 @@ multiplied by A_t ... A_{s+1}, never enlarged, and damped along every key writte
   sum_j ((q_t . k_j) exp(G_t - G_j) u_j[e])^2), j over the C tokens up to t (the chunk's
   boundaries unknown: every chunk that holds t lies in that window).
 * Underflow. A dot operand below fp32's smallest normal F may be read as another value
-  within F (GPU flush to zero; ``tolerance.DOT_READ_FLOOR``): a product errs by F times
-  its other operand. Charged on the write (k and h' in the read h'^T k, a chunk's k . k
+  within F (GPU flush to zero; ``tolerance.DOT_READ_FLOOR``), and one rounded to fp16
+  lands in its subnormals below 6e-5, off by up to half their spacing fl (3e-8): a product
+  errs by max(F, fl) times its other operand, a pseudo-value stored in fp16 by KAPPA fl. Charged on the write (k and h' in the read h'^T k, a chunk's k . k
   products times the pseudo-values they weight: F (sum_d |h'[d, e]| + ||k_t||_1 +
   sum_j |u_j[e]|), j over the C tokens before t) and on o (q and h, the scores and the
   pseudo-values: F (sum_d |h_t[d, e]| + ||q_t||_1 + sum_j |u_j[e]| + sum_j |(q_t . k_j)
@@ -99,6 +102,16 @@ def operand_unit(p: Precision, k_dim: int, chunk: int) -> float:
     return max(unit_roundoff(p.dtype), p.dot) + float(sum_error(max(k_dim, chunk), p.compute))
 
 
+def floor_units(dtype: torch.dtype) -> tuple[float, float]:
+    """(an operand's absolute misread, a stored value's absolute rounding) near underflow:
+    fp32's smallest normal (a GPU flushes) or half the dtype's subnormal spacing (an operand
+    rounded to fp16, whose subnormals start at 6e-5), whichever is larger; and that half
+    spacing alone."""
+    info = torch.finfo(dtype)
+    half_sub = float(info.tiny) * float(info.eps) / 2
+    return max(DOT_READ_FLOOR, half_sub), half_sub
+
+
 def _decay_error(g: torch.Tensor, chunk: int) -> torch.Tensor:
     """Relative error of the decays reaching token t, [B, T, H] (module docstring)."""
     lam = torch.cumsum(g.abs(), dim=1)
@@ -115,7 +128,7 @@ def _groups(B: int, T: int, cu_seqlens) -> list[tuple[slice, slice, slice]]:
     return [(slice(b, b + 1), slice(s, e), slice(n, n + 1)) for n, (b, s, e) in enumerate(sequences(B, T, cu_seqlens))]
 
 
-def _forward_pass(q, k, v, g, beta, h0, u_op, chunk: int = DEFAULT_CHUNK):
+def _forward_pass(q, k, v, g, beta, h0, u_op, chunk: int = DEFAULT_CHUNK, floors: tuple[float, float] = (0.0, 0.0)):
     """The recurrence in fp64 with the error variance per column ([B, T, H, *] inputs, h0
     [B, H, K, V]): yields per token (h'_t, h_t, u_t, m_t, M_t) where M_t is the variance
     after token t's write, m_t the write's error bound (rounding and read floors)."""
@@ -133,17 +146,21 @@ def _forward_pass(q, k, v, g, beta, h0, u_op, chunk: int = DEFAULT_CHUNK):
             "bhkv,bhlv->bhvkl", hp, hp)
         kt, bt = k[:, t], beta[:, t][:, :, None]
         u = bt * (v[:, t] - torch.einsum("bhk,bhkv->bhv", kt, hp))
-        # operands read as up to DOT_READ_FLOOR off (flushed subnormals): k and h' in the
-        # read, the chunk's k . k products times the pseudo-values they weight
+        # operands read as up to floors[0] off (flushed subnormals, fp16's subnormal spacing): k and
+        # h' in the read, the chunk's k . k products times the pseudo-values they weight; u_t itself
+        # rounded near underflow
         window = torch.stack(recent).sum(0) if recent else 0.0
-        floor = DOT_READ_FLOOR * (hp.abs().sum(-2) + kt.abs().sum(-1, keepdim=True) + window)
+        floor = floors[0] * (hp.abs().sum(-2) + kt.abs().sum(-1, keepdim=True) + window) + KAPPA * floors[1]
         m = KAPPA * u_op * bt * (v[:, t].abs() + torch.einsum("bhk,bhkv->bhv", kt.abs(), hp.abs())) + bt * floor
         recent.append(u.abs())
         del recent[:-chunk]
         h = hp + kt[..., :, None] * u[..., None, :]
         # M <- (I - b k k^T) M (I - b k k^T) + m^2 k k^T, per column (M already decayed)
         kk = kt[..., :, None] * kt[..., None, :]
-        M = _propagate(M, kt, bt) + (m ** 2)[..., None, None] * kk[:, :, None]
+        # the write k_t u_t^T itself rounded elementwise (a chunk's K^T U stored in the input
+        # dtype before it joins an fp32 state), beside the pseudo-value's errors along k_t
+        write = (KAPPA_READ * u_op * kt[..., None, :].abs() * u[..., :, None].abs()) ** 2  # [B, H, V, K]
+        M = _propagate(M, kt, bt) + (m ** 2)[..., None, None] * kk[:, :, None] + torch.diag_embed(write)
         yield hp, h, u, m, M
 
 
@@ -156,6 +173,7 @@ def gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens, o, fina
     scale = resolved_scale(scale, K)
     h0 = float64_on(initial_state) if initial_state is not None else None
     u_op = operand_unit(p, K, chunk)
+    floors = floor_units(p.dtype)
     allowed_o, allowed_f = torch.zeros_like(o), torch.zeros_like(final)
     for rows, toks, states in _groups(B, T, cu_seqlens):
         args = [a[rows, toks] for a in (q, k, v, g, beta)]
@@ -166,7 +184,7 @@ def gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens, o, fina
         cum = torch.cumsum(gs, dim=1)  # [1, T, H]
         h, M = start, q.new_zeros(nb, H, V, K, K)
         pseudo: list[torch.Tensor] = []  # u_j of the C tokens up to t
-        for t, (_, h, u, _, M) in enumerate(_forward_pass(*args, start, u_op)):
+        for t, (_, h, u, _, M) in enumerate(_forward_pass(*args, start, u_op, chunk, floors)):
             qt = qs[:, t]
             var = torch.einsum("bhk,bhvkl,bhl->bhv", qt, M, qt).clamp(min=0)
             terms = torch.einsum("bhk,bhkv->bhv", qt ** 2, h ** 2)  # sum_d (q_d h_de)^2
@@ -179,8 +197,8 @@ def gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens, o, fina
             stacked = torch.stack(pseudo)
             intra = torch.einsum("bjh,jbhv->bhv", scores ** 2, stacked ** 2)
             # flushed operands: q and h in the read, the scores and the pseudo-values they weight
-            floor = DOT_READ_FLOOR * (h.abs().sum(-2) + qt.abs().sum(-1, keepdim=True) + stacked.abs().sum(0)
-                                      + scores.abs().sum(1)[..., None])
+            floor = floors[0] * (h.abs().sum(-2) + qt.abs().sum(-1, keepdim=True) + stacked.abs().sum(0)
+                                 + scores.abs().sum(1)[..., None])
             err = SUM_LAMBDA * (var.sqrt() + KAPPA_READ * u_op * (terms + intra).sqrt()) + decay[:, t, :, None] * read \
                 + floor
             ot = o[rows, toks][:, t]
@@ -245,6 +263,8 @@ def gated_delta_rule_grad(q, k, v, g, beta, scale, initial_state, cu_seqlens, do
     scale = resolved_scale(scale, K)
     h0 = float64_on(initial_state) if initial_state is not None else None
     u_op = operand_unit(p, K, chunk)
+    floors = floor_units(p.dtype)
+    fu = KAPPA_READ * floors[0]  # a product's operands misread near underflow, absolutely
     rd = (KAPPA_READ * u_op) ** 2
     var = {n: torch.zeros(q.shape[:3] + ((K,) if n in ("q", "k") else (V,) if n == "v" else ()),
                           dtype=torch.float64, device=q.device) for n in ("q", "k", "v", "g", "beta")}
@@ -255,7 +275,7 @@ def gated_delta_rule_grad(q, k, v, g, beta, scale, initial_state, cu_seqlens, do
         start = h0[states] if h0 is not None else q.new_zeros(nb, H, K, V)
         zero = q.new_zeros(nb, H, V, K, K)
         marks, prev = [], (start, zero)  # the state and its variance at every block's start
-        for t, (_, h, _, _, M) in enumerate(_forward_pass(qs, ks, vs, gs, bs, start, u_op)):
+        for t, (_, h, _, _, M) in enumerate(_forward_pass(qs, ks, vs, gs, bs, start, u_op, chunk, floors)):
             if t % BLOCK == 0:
                 marks.append(prev)
             prev = (h, M)
@@ -266,7 +286,7 @@ def gated_delta_rule_grad(q, k, v, g, beta, scale, initial_state, cu_seqlens, do
         for blk in reversed(range(len(marks))):
             b0, b1 = blk * BLOCK, min(length, (blk + 1) * BLOCK)
             h_start, M_start = marks[blk]
-            steps = list(_forward_pass(*(a[:, b0:b1] for a in (qs, ks, vs, gs, bs)), h_start, u_op))
+            steps = list(_forward_pass(*(a[:, b0:b1] for a in (qs, ks, vs, gs, bs)), h_start, u_op, chunk, floors))
             for i in reversed(range(b1 - b0)):
                 t = b0 + i
                 hp, ht, u, m, Mt = steps[i]
@@ -283,7 +303,8 @@ def gated_delta_rule_grad(q, k, v, g, beta, scale, initial_state, cu_seqlens, do
                 du_var = _quad(N, kt) + rd * read_D
                 dr = -bt * du
                 Dp = D + kt[..., :, None] * dr[..., None, :]
-                Np = _propagate(N, kt, bt) + ((KAPPA * u_op * bt) ** 2 * read_D)[..., None, None] \
+                adj_floor = floors[0] * (D.abs().sum(-2) + kt.abs().sum(-1, keepdim=True)) + KAPPA * floors[1]
+                Np = _propagate(N, kt, bt) + ((KAPPA * u_op * bt) ** 2 * read_D + (bt * adj_floor) ** 2)[..., None, None] \
                     * (kt[..., :, None] * kt[..., None, :])[:, :, None]
                 r = torch.einsum("bhkv,bhk->bhv", hp, kt)
                 r_var = _quad(Mp, kt)
@@ -298,13 +319,18 @@ def gated_delta_rule_grad(q, k, v, g, beta, scale, initial_state, cu_seqlens, do
                                  + torch.einsum("bhkv,bhv->bhk", hp ** 2, bt ** 2 * du_var + rd * dr ** 2))
                 var["beta"][pos] = ((du_var * (vt - r) ** 2 + du ** 2 * (r_var + rd * (vt ** 2 + torch.einsum(
                     "bhkv,bhk->bhv", hp ** 2, kt ** 2)))).sum(-1))
+                # every product's operands misread near underflow: fu times the other operands
+                var["q"][pos] += (fu * scale * (ht.abs().sum(-1) + dot.abs().sum(-1, keepdim=True))) ** 2
+                var["v"][pos] += (fu * bt * (D.abs().sum(-2) + kt.abs().sum(-1, keepdim=True))) ** 2
+                var["k"][pos] += (fu * (D.abs() + hp.abs()).sum(-1) + fu * (u.abs() + dr.abs()).sum(-1, keepdim=True)) ** 2
+                var["beta"][pos] += (fu * (du.abs() + (vt - r).abs()).sum(-1)) ** 2
                 pieces = scale ** 2 * torch.einsum("bhk,bhkv,bhv->bh", qt ** 2, ht ** 2, dot ** 2) \
                     + torch.einsum("bhk,bhkv,bhv->bh", kt ** 2, D ** 2, u ** 2) \
                     + torch.einsum("bhk,bhkv,bhv->bh", kt ** 2, hp ** 2, dr ** 2)
                 window.insert(0, pieces)
                 del window[chunk:]
                 var["g"][pos] = ((_quad(Np, hp) + _quad(Mp, Dp)).sum(-1) + rd * ((Dp * hp) ** 2).sum((-2, -1))
-                                 + rd * torch.stack(window).sum(0))
+                                 + rd * torch.stack(window).sum(0) + (fu * (Dp.abs() + hp.abs()).sum((-2, -1))) ** 2)
                 D = Dp * a[..., None]
                 N = a[..., None, None] ** 2 * Np
         dh0[states] = _diag(N)
