@@ -1,4 +1,4 @@
-"""The gated delta rule in Triton: a chunked forward and a token-by-token backward.
+"""The gated delta rule in Triton: a chunked forward and a chunked reverse-mode backward.
 
 Contract (``docs/contract.md``)::
 
@@ -443,7 +443,7 @@ def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlen
 
     ``chunk_size`` (beyond the contract) picks the chunk from ``gated_delta_rule.chunk_sizes``;
     None means ``gated_delta_rule.default_chunk_size``. Autograd to q, k, v, g, beta and
-    initial_state through the token-by-token Triton backward."""
+    initial_state through the chunked Triton backward."""
     seqs = _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size)
     chunk = _DEFAULT_CHUNK if chunk_size is None else int(chunk_size)
     scale = q.shape[3] ** -0.5 if scale is None else float(scale)

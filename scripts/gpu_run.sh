@@ -54,17 +54,17 @@ for part in "$@"; do
     echo "large-index exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu/run.log"; tail -n 8 "$OUT/gpu/large.log" ;;
   gdr)
     log "gated_delta_rule: the gpu profile, its kernel tests, its self-test, its large-index check"
-    timeout -s INT -k 10 "${GDR_SUITE_S:-130}" python3 -m pytest tests/test_checks.py --op gated_delta_rule \
+    timeout -s INT -k 10 "${GDR_SUITE_S:-110}" python3 -m pytest tests/test_checks.py --op gated_delta_rule --shapes 1 \
         -n "$WORKERS" --hypothesis-profile gpu --max-examples "${EXAMPLES:-25}" --report-dir "$OUT/gpu/gdr-report" \
         -q -rfs --tb=short -p no:randomly > "$OUT/gpu/gdr-suite.log" 2>&1
     echo "gdr suite exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu/run.log"; tail -n 40 "$OUT/gpu/gdr-suite.log"
     timeout -s INT -k 10 40 python3 -m pytest tests/test_gated_delta_rule_kernel.py -n 4 -q --tb=short \
         -p no:randomly > "$OUT/gpu/gdr-kernel.log" 2>&1
     echo "gdr kernel tests exit $?" | tee -a "$OUT/gpu/run.log"; tail -n 3 "$OUT/gpu/gdr-kernel.log"
-    timeout -s INT -k 10 "${GDR_SELF_S:-80}" python3 -m pytest tests/test_selfcheck.py -k gated_delta_rule \
+    timeout -s INT -k 10 "${GDR_SELF_S:-70}" python3 -m pytest tests/test_selfcheck.py -k gated_delta_rule \
         -n "$WORKERS" -q -rfsx --tb=short -p no:randomly > "$OUT/gpu/gdr-selfcheck.log" 2>&1
     echo "gdr self-test exit $?" | tee -a "$OUT/gpu/run.log"; grep -E "kill rate|passed|failed" "$OUT/gpu/gdr-selfcheck.log" | tail -3
-    timeout -s INT -k 10 "${GDR_LARGE_S:-100}" python3 -m pytest tests/test_large_index.py -m large -k gated_delta_rule \
+    timeout -s INT -k 10 "${GDR_LARGE_S:-70}" python3 -m pytest tests/test_large_index.py -m large -k gated_delta_rule \
         -q -rs --tb=short -p no:randomly > "$OUT/gpu/gdr-large.log" 2>&1
     echo "gdr large-index exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu/run.log"; tail -n 6 "$OUT/gpu/gdr-large.log" ;;
   *) echo "unknown part $part (suite, kernels, impl, selfcheck, large, gdr)"; exit 2 ;;
