@@ -70,6 +70,9 @@ _MAX_HEAD_DIM = 128
 _CHUNK_SIZES = (16, 32, 64)
 _DEFAULT_CHUNK = 64
 _V_TILE = 32  # value columns per program: the state tile [K, 32] stays in registers at K = 128
+# K above 64 runs chunks of at most 32 tokens: compiled for sm_90, the backward at chunk 64 and
+# K 128 asks for 256 KiB of shared memory (an H100/H200 block has 227 KiB), the forward 144 KiB
+_WIDE_K_CHUNK = 32
 _DOT_PRECISION = "tf32x3"  # 3-pass tf32: fp32-accurate products at tensor-core speed (kernels/linear_attention.py)
 
 
@@ -442,10 +445,12 @@ def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlen
     """The gated delta rule, chunked (module docstring): returns ``(o, final_state)``.
 
     ``chunk_size`` (beyond the contract) picks the chunk from ``gated_delta_rule.chunk_sizes``;
-    None means ``gated_delta_rule.default_chunk_size``. Autograd to q, k, v, g, beta and
+    None means ``gated_delta_rule.default_chunk_size``; K above 64 caps it at 32 (shared memory). Autograd to q, k, v, g, beta and
     initial_state through the chunked Triton backward."""
     seqs = _check_inputs(q, k, v, g, beta, scale, initial_state, cu_seqlens, chunk_size)
     chunk = _DEFAULT_CHUNK if chunk_size is None else int(chunk_size)
+    if _blocks(q.shape[3], v.shape[3])[0] > 64:
+        chunk = min(chunk, _WIDE_K_CHUNK)
     scale = q.shape[3] ** -0.5 if scale is None else float(scale)
     return _GatedDeltaRule.apply(q, k, v, g, beta, scale, initial_state, seqs, chunk)
 

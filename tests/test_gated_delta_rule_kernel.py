@@ -129,6 +129,7 @@ CASES = [  # B, T, H, K, V, dtype, layout
     (1, 70, 2, 16, 32, torch.float32, "contiguous"),  # past the default chunk
     (1, 33, 1, 32, 16, torch.float16, "strided"),
     (1, 24, 1, 16, 16, torch.bfloat16, "contiguous"),
+    (1, 40, 1, 100, 16, torch.float32, "contiguous"),  # K past 64: chunks capped at 32
 ]
 
 
