@@ -3,12 +3,13 @@ GPU only) rather than the self-test: no fuzzed case is large enough to trigger t
 This module is not a family module, so the self-test does not hunt it."""
 from __future__ import annotations
 
+from tritoncheck.kernels import gated_delta_rule as _gdr_kernel
 from tritoncheck.kernels import linear_cross_entropy as _lce_kernel
 from tritoncheck.kernels import losses as _kernel
 from tritoncheck.kernels import scaled_mm as _scaled_mm_kernel
 from tritoncheck.mutation import mutant
 
-__all__ = ["row_offset_int32", "linear_cross_entropy_rows_int32", "scaled_mm_rows_int32"]
+__all__ = ["row_offset_int32", "linear_cross_entropy_rows_int32", "scaled_mm_rows_int32", "gated_delta_rule_rows_int32"]
 
 row_offset_int32 = mutant(
     "cross_entropy",
@@ -55,6 +56,21 @@ scaled_mm_rows_int32 = mutant(
         "row * stride and c's row * N wrap once M * K or M * N passes 2**31 - 1 (a 16k-token prefill against "
         "a 128k-vocabulary head): rows past it read another row of a and write over another row of c. "
         "Triggered only by a or c past 2**31 elements."
+    ),
+    kills=("large_index",),
+)
+
+gated_delta_rule_rows_int32 = mutant(
+    "gated_delta_rule",
+    _gdr_kernel,
+    [("    row = tl.load(SEQ + n * 4)  # int64: row * stride passes 2**31 in a large batch",
+      "    row = tl.load(SEQ + n * 4).to(tl.int32)")],
+    name="gated_delta_rule_rows_int32",
+    bug=(
+        "The forward holds each sequence's batch row in int32, so the offset row * stride of q, k, "
+        "v, g, beta and o wraps once B x T x H x K passes 2**31 - 1 (fla#1080's corruption): the "
+        "rows past it read and write another row, or outside the tensor. Triggered only by "
+        "inputs past 2**31 elements."
     ),
     kills=("large_index",),
 )

@@ -6,6 +6,7 @@
 # Test tiers); `slow` runs the slow tier's tests of the files no other part runs.
 #   bash scripts/gpu_run.sh numerics                # issue 36's numerics (about 4 min): softmax fp16 gradient,
 #                                                   # autotune pins and agreement, rounding bias, rule audit
+#   bash scripts/gpu_run.sh op:gated_delta_rule     # one op alone: its suite, kernel tests, self-test, large index
 # Logs land in $OUT/gpu/ and $OUT/gpu.tgz. Run from the checkout (installed or not).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -92,7 +93,23 @@ for part in "$@"; do
     grep -h "^| [a-z]" "$OUT"/gpu/rule-audit-*.log | grep -v "^| op" | sort -t'|' -k9 -gr | head -n 10 \
         | tee -a "$OUT/gpu/run.log"
     grep -h "^FAILED" "$OUT"/gpu/rule-audit-*.log | tee -a "$OUT/gpu/run.log" ;;
-  *) echo "unknown part $part (suite, kernels, impl, selfcheck, large, slow, numerics)"; exit 2 ;;
+  op:*)
+    name=${part#op:}
+    log "$name: the gpu profile, its kernel tests, its self-test, its large-index check"
+    timeout -s INT -k 10 "${OP_SUITE_S:-110}" python3 -m pytest tests/test_checks.py --op "$name" --shapes 1 \
+        -n "$WORKERS" --hypothesis-profile gpu --max-examples "${EXAMPLES:-25}" --report-dir "$OUT/gpu/$name-report" \
+        -q -rfs --tb=short -p no:randomly > "$OUT/gpu/$name-suite.log" 2>&1
+    echo "$name suite exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu/run.log"; tail -n 40 "$OUT/gpu/$name-suite.log"
+    timeout -s INT -k 10 40 python3 -m pytest "tests/test_${name}_kernel.py" -n 4 -q --tb=short \
+        -p no:randomly > "$OUT/gpu/$name-kernel.log" 2>&1
+    echo "$name kernel tests exit $?" | tee -a "$OUT/gpu/run.log"; tail -n 3 "$OUT/gpu/$name-kernel.log"
+    timeout -s INT -k 10 "${OP_SELF_S:-70}" python3 -m pytest tests/test_selfcheck.py -k "$name" \
+        -n "$WORKERS" -q -rfsx --tb=short -p no:randomly > "$OUT/gpu/$name-selfcheck.log" 2>&1
+    echo "$name self-test exit $?" | tee -a "$OUT/gpu/run.log"; grep -E "kill rate|passed|failed" "$OUT/gpu/$name-selfcheck.log" | tail -3
+    timeout -s INT -k 10 "${OP_LARGE_S:-70}" python3 -m pytest tests/test_large_index.py -m large -k "$name" \
+        -q -rs --tb=short -p no:randomly > "$OUT/gpu/$name-large.log" 2>&1
+    echo "$name large-index exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu/run.log"; tail -n 6 "$OUT/gpu/$name-large.log" ;;
+  *) echo "unknown part $part (suite, kernels, impl, selfcheck, large, slow, numerics, op:NAME)"; exit 2 ;;
   esac
 done
 tar czf "$OUT/gpu.tgz" -C "$OUT" gpu && log "packed $OUT/gpu.tgz"

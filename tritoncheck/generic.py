@@ -105,11 +105,12 @@ def assert_matches_reference(op: OpSpec, case: Case, impl: Implementation, input
 
 def with_upstream(op: OpSpec, dtype: torch.dtype) -> st.SearchStrategy[Case]:
     """The op's cases plus an upstream gradient ``d<output>`` for each output that
-    carries gradients, in the output's shape and any layout."""
+    carries gradients, in the output's shape and dtype (``op.output_dtypes``) and any layout."""
 
     def add(case: Case) -> st.SearchStrategy[Case]:
         shapes = op.output_shapes(case)
-        grads = {f"d{n}": tensors(shapes[n], dtype, families=UPSTREAM_FAMILIES, scales=(1.0, 1e-3, 1e3))
+        grads = {f"d{n}": tensors(shapes[n], op.output_dtypes.get(n, dtype), families=UPSTREAM_FAMILIES,
+                                  scales=(1.0, 1e-3, 1e3))
                  for n in op.grad_outputs}
         return st.fixed_dictionaries(grads).map(lambda g: case.replace(tensors=g))
 

@@ -16,6 +16,12 @@ fla-core 0.6.0 (``pip install --no-deps fla-core==0.6.0 einops``). What each ada
 - Layout: fla takes ``[B, T, H, D]``, the contract ``[B, H, N, D]``: declared (``layout =
   "bnhd"``), the suite passes and reads back that layout, strided views included (fla's
   ``input_guard`` copies them contiguous).
+- ``gated_delta_rule``: ``chunk_gated_delta_rule(..., output_final_state=True)`` as it is: the
+  contract is fla's convention and layout ([B, T, H, K], the state [N, H, K, V] float32, q and
+  k used as given: ``use_qk_l2norm_in_kernel=False``, fla's default); ``chunk_size`` (16, 32,
+  64) passed through, so chunk-size invariance is checked. ``fused_gated_delta_rule``:
+  ``fused_recurrent_gated_delta_rule`` the same way, forward only (its backward raises
+  ``NotImplementedError`` by design), no chunk size.
 
 fla's kernels do not run under the Triton interpreter (3.9), which ``conftest.py`` selects
 without a GPU: its autotuner times configs through a GPU driver (``RuntimeError: 0 active
@@ -30,6 +36,7 @@ from __future__ import annotations
 import torch
 from fla.modules.activations.ops import ELUPlusOneFunction, elu_p1_bwd_kernel, elu_p1_fwd_kernel
 from fla.ops.common.fused_chunk import fused_chunk_fwd_kernel
+from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from fla.ops.linear_attn import chunk_linear_attn, fused_chunk_linear_attn
 from fla.ops.utils.cumsum import chunk_global_cumsum, chunk_global_cumsum_vector_kernel
 
@@ -82,6 +89,19 @@ def chunk_linear_attention(q, k, v, causal=False, eps=1e-6):
     return _linear_attention(chunk_linear_attn, q, k, v, causal, eps)
 
 
+def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, chunk_size=None):
+    _refuse_interpreter()
+    extra = {} if chunk_size is None else {"chunk_size": chunk_size}
+    return chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                  output_final_state=True, cu_seqlens=cu_seqlens, **extra)
+
+
+def fused_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None):
+    _refuse_interpreter()
+    return fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
+                                            output_final_state=True, cu_seqlens=cu_seqlens)
+
+
 # The autotuned kernels each adapter launches: --autotune-config I runs config I of each instead
 # of a sweep per new size, benchmarks/autotune_sweep.py every config in turn. The chunk path
 # launches several of fla's common kernels: every autotuned kernel of the imported fla modules.
@@ -90,6 +110,12 @@ elu_feature_map.supports_backward = True
 elu_feature_map.autotuned = (elu_p1_fwd_kernel, elu_p1_bwd_kernel)
 linear_attention.autotuned = (fused_chunk_fwd_kernel, chunk_global_cumsum_vector_kernel)
 chunk_linear_attention.autotuned = autotuners_in("fla")
+for _fn in (gated_delta_rule, fused_gated_delta_rule):
+    _fn.dtypes = _DTYPES
+    _fn.autotuned = autotuners_in("fla")
+gated_delta_rule.supports_backward = True
+gated_delta_rule.chunk_sizes = (16, 32, 64)  # fla's chunk_gated_delta_rule accepts these (64 by default)
+fused_gated_delta_rule.supports_backward = False  # FusedRecurrentFunction.backward raises NotImplementedError
 for _fn in (linear_attention, chunk_linear_attention):
     _fn.dtypes = _DTYPES
     _fn.supports_backward = False  # the contract asks no gradient of linear_attention

@@ -24,6 +24,15 @@ python3 -m pytest tests/test_checks.py -n "$WORKERS" -q -rfs --tb=line -p no:ran
     --impl linear_attention=adapters:linear_attention --impl elu_feature_map=adapters:elu_feature_map \
     --report-dir "$REPORTS/fused_chunk"
 echo "linear_attention (fused_chunk_linear_attn), elu_feature_map (elu_p1): exit $?"
+# the gated delta rule: chunk_gated_delta_rule (forward and backward, chunk sizes 16/32/64) and
+# fused_recurrent_gated_delta_rule (forward only), then the standalone probes (GDR_LARGE=1: past 2**31)
+python3 -m pytest tests/test_checks.py -n "$WORKERS" -q -rfs --tb=line -p no:randomly --shapes 1 \
+    --autotune-config "$AUTOTUNE" "${@:2}" \
+    --impl gated_delta_rule=adapters:gated_delta_rule --impl gated_delta_rule=adapters:fused_gated_delta_rule \
+    --report-dir "$REPORTS/gated_delta_rule"
+echo "gated_delta_rule (chunk_gated_delta_rule, fused_recurrent_gated_delta_rule): exit $?"
+python3 examples/fla/repro_gated_delta_rule.py ${GDR_LARGE:+--large}
+echo "examples/fla/repro_gated_delta_rule.py: exit $? (0: every probe within its bound)"
 if [[ "${FLA_CHUNK:-0}" == 1 ]]; then
     python3 -m pytest tests/test_checks.py -n "$WORKERS" -q -rfs --tb=line -p no:randomly --shapes 1 \
         --autotune-config "$AUTOTUNE" "${@:2}" \
