@@ -71,7 +71,7 @@ KNOWN_LIMITS: tuple[BackendLimit, ...] = (
     BackendLimit(
         "interpret",
         torch.bfloat16,
-        ("attention", "linear_attention", "cp_attention"),
+        ("attention", "linear_attention", "cp_attention", "fused_moe"),
         "the Triton interpreter holds bfloat16 as 16-bit integers, so tl.dot on bf16 "
         "operands returns garbage (triton#11584, #10919); bf16 dot kernels are checked on the GPU",
         waived_by="bf16_dot_upcast",
