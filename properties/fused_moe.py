@@ -53,11 +53,11 @@ SCALINGS = ("expert", "channel", "block")  # w_scale [E, 1, 1], [E, N, 1], [E, c
 
 def _sizes() -> tuple[int, int, int, int, int, int]:
     """(T, H, I, E largest, T k pairs, T k H I budget): the interpreter, whose cost is per
-    program, keeps a call near a second (H past two fp8 scale blocks, T past 64 + 1 tokens on
-    one expert, at most 160 pairs); a GPU serves prefill-sized batches of DeepSeek-V3-like
+    program, keeps a call under a second (H past two fp8 scale blocks, T past 64 + 1 tokens on
+    one expert, at most 96 pairs); a GPU serves prefill-sized batches of DeepSeek-V3-like
     experts."""
-    return (CONFIG.pick(72, 1024), CONFIG.pick(300, 4200), CONFIG.pick(140, 2100), CONFIG.pick(8, 64),
-            CONFIG.pick(160, 2**14), CONFIG.pick(2**18, 2**32))
+    return (CONFIG.pick(72, 1024), CONFIG.pick(260, 4200), CONFIG.pick(72, 2100), CONFIG.pick(6, 64),
+            CONFIG.pick(96, 2**14), CONFIG.pick(2**17, 2**32))
 
 
 def values_spec(values: np.ndarray, dtype: str, layout=None) -> TensorSpec:
