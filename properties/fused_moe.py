@@ -204,7 +204,8 @@ def fused_moe_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS, routin
         specs["router_logits"] = values_spec(_logits(rng, ids, e), logits_dtype, draw(layouts(2)))
         del params["router_logits"]
         params["top_k"] = k
-        params["renormalize"] = draw(limits.choice("renormalize", (True, False)))
+    # only router logits are renormalised; drawn with precomputed weights too (the contract ignores it there)
+    params["renormalize"] = draw(limits.choice("renormalize", (True, False)))
     return Case("fused_moe", name, ARGS, specs, params)
 
 
@@ -455,8 +456,8 @@ register(OpSpec(
             "fp32: not a copy of the dequantised weights rounded to x's dtype). Routing: `topk_ids [T, k]` (int32 or "
             "int64, each in [0, E)) with `topk_weights [T, k]` (float32, any finite values, used as given), or "
             "`router_logits [T, E]` (float32 or x's dtype) with `top_k`: the top_k largest of softmax(logits) "
-            "and their probabilities, divided by their sum when `renormalize` (its k-th and (k+1)-th largest "
-            "logits differ). `y[t] = sum_j w[t, j] W2[e] (silu(W1[e, :I] x[t]) * W1[e, I:] x[t])`, e = "
+            "and their probabilities, divided by their sum when `renormalize` (ignored with precomputed weights; "
+            "the k-th and (k+1)-th largest logits differ). `y[t] = sum_j w[t, j] W2[e] (silu(W1[e, :I] x[t]) * W1[e, I:] x[t])`, e = "
             "ids[t, j], in x's dtype; a row naming an expert twice gives it twice (the sum is over slots). Only "
             "the experts some slot names are read: an expert with no token may hold anything. Each GEMM "
             "accumulates in fp32; the intermediates (gate and up, h, each slot's weighted output, the sum over "
