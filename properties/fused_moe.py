@@ -159,7 +159,10 @@ def fused_moe_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS, routin
     if k_hi < 1:
         raise OutsideLimits(f"this check needs E >= {spare_experts + 1}; the declared limits allow fewer")
     k = draw(limits.size("k", 2 if duplicates else 1, max(2 if duplicates else 1, k_hi)))
-    e = draw(limits.size("E", k + spare_experts, max(k + spare_experts, e_max)))
+    if spare_experts == 0 and draw(st.integers(0, 3)) == 0:
+        e = draw(limits.size("E", k, k))  # k = E: every token to every expert
+    else:
+        e = draw(limits.size("E", k + spare_experts, max(k + spare_experts, e_max)))
     t = draw(limits.size("T", min_tokens, max(min_tokens, min(t_max, pairs // k)), blocks=ROW_BLOCKS))
     h = draw(limits.size("H", 1, max(1, min(h_max, budget // (t * k))), blocks=(SCALE_BLOCK, 32, 64)))
     i = draw(limits.size("I", 1, max(1, min(i_max, budget // (t * k * h))), blocks=(SCALE_BLOCK, 32, 64)))

@@ -25,8 +25,8 @@ step() {  # step NAME SECONDS COMMAND...: one step, its log in $LOGS/NAME.log, i
 }
 log "device: $(python3 -c 'import torch, triton; print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)')"
 step kernel 50 python3 -m pytest "tests/test_${OP}_kernel.py" -n 8 -q -p no:randomly --tb=short
-step suite 90 python3 -m pytest tests/test_checks.py --op "$OP" -n "$WORKERS" --hypothesis-profile gpu \
+step suite 80 python3 -m pytest tests/test_checks.py --op "$OP" -n "$WORKERS" --hypothesis-profile gpu \
     --max-examples "${EXAMPLES:-20}" -q -rfs --tb=short -p no:randomly --report-dir "$LOGS/report"
 step selfcheck 100 python3 -m pytest tests/test_selfcheck.py -k "$OP" -n "$WORKERS" -q -rfsx --tb=short -p no:randomly
-step large 55 python3 -m pytest tests/test_large_index.py -m large -k "$OP" -q -rs --tb=short -p no:randomly
+step large 70 python3 -m pytest tests/test_large_index.py -m large -k "$OP" -q -rs --tb=short -p no:randomly
 tar czf "$OUT/$OP.tgz" -C "$OUT" "$OP" && log "packed $OUT/$OP.tgz"
