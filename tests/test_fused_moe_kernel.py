@@ -65,11 +65,11 @@ def _run(fn, call):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("fp8", [None, "expert", "channel", "block"])
 def test_every_dtype_and_weight_format_matches_the_reference(dtype, fp8):
-    """H = 150, I = 70: a short last scale block along H; E = 5, k = 2; w1 transposed in memory."""
-    call = _problem(40, 150, 70, 5, 2, dtype, fp8=fp8)
+    """H = 150, I = 40: a short last scale block along H; E = 4, k = 2; w1 transposed in memory."""
+    call = _problem(24, 150, 40, 4, 2, dtype, fp8=fp8)
     call["w1"] = call["w1"].transpose(1, 2).contiguous().transpose(1, 2)
     y = _run(kernel.fused_moe, call)
-    assert y.dtype == dtype and y.shape == (40, 150)
+    assert y.dtype == dtype and y.shape == (24, 150)
     _within_rule(y, call)
 
 
@@ -124,7 +124,7 @@ def test_unused_experts_are_never_read():
 def test_controls_are_within_the_rule(fn, dtype):
     """expert_loop keeps every intermediate in x's dtype (vLLM's and HF's roundings): the rule
     allows it, and the allowance stays below most outputs."""
-    call = _problem(30, 64, 40, 6, 3, dtype, seed=5, fp8="block" if dtype == torch.bfloat16 else None)
+    call = _problem(24, 64, 40, 6, 3, dtype, seed=5, fp8="block" if dtype == torch.bfloat16 else None)
     _within_rule(_run(fn, call), call, fn)
 
 
