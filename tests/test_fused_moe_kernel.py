@@ -149,9 +149,11 @@ def test_bad_input_names_the_argument(name, bad):
         _run(kernel.fused_moe, call)
 
 
-def test_the_bf16_accumulation_mutant_breaks_the_fp32_rule():
-    """H = 300: three steps of 128 (two of 64 on a GPU past the first) rounded to bf16."""
-    call = _problem(20, 300, 16, 3, 2, torch.float32, seed=7)
+def test_the_bf16_accumulation_mutant_breaks_the_fp16_rule():
+    """H = 300: three steps of 128 (five of 64 on a GPU) rounded to bf16, where float16's rule
+    allows g and v their own rounding to float16 (2^-11) and fp32 sums (float32 x would be
+    checked against tf32 dots on a GPU, 2^-10 of S)."""
+    call = _problem(20, 300, 16, 3, 2, torch.float16, seed=7)
     with pytest.raises(AssertionError, match="allowance"):
         _within_rule(_run(mutants.accumulate_in_bf16, call), call)
 
