@@ -24,8 +24,9 @@ steps of BLOCK_K with fp32 accumulators, SwiGLU in fp32, ``h`` stored in x's dty
 fp32, times the pair's weight, stored in fp32 at the pair's row of ``[T k, H]``; the k rows of
 a token are then summed in fp32 (``torch.sum``, a fixed order) and rounded once to x's dtype.
 
-bfloat16 under the interpreter (whose tl.dot reads bf16 operands as integers: tritoncheck/backend.py):
-the operands are converted to fp32 before each dot (exact), ``bf16_dot_upcast`` declared.
+float32 x: tl.dot's default, tf32 on NVIDIA GPUs (undeclared: the rule charges it). bfloat16 under
+the interpreter (whose tl.dot reads bf16 operands as integers: tritoncheck/backend.py): the
+operands are converted to fp32 before each dot (exact), ``bf16_dot_upcast`` declared.
 
 fp8 weights (``float8_e4m3fn`` with float32 scales per expert ``[E, 1, 1]``, per output channel
 ``[E, N, 1]`` or per 128 x 128 block ``[E, ceil(N/128), ceil(K/128)]`` over each expert's
