@@ -3,13 +3,15 @@ GPU only) rather than the self-test: no fuzzed case is large enough to trigger t
 This module is not a family module, so the self-test does not hunt it."""
 from __future__ import annotations
 
+from tritoncheck.kernels import fused_moe as _fused_moe_kernel
 from tritoncheck.kernels import gated_delta_rule as _gdr_kernel
 from tritoncheck.kernels import linear_cross_entropy as _lce_kernel
 from tritoncheck.kernels import losses as _kernel
 from tritoncheck.kernels import scaled_mm as _scaled_mm_kernel
 from tritoncheck.mutation import mutant
 
-__all__ = ["row_offset_int32", "linear_cross_entropy_rows_int32", "scaled_mm_rows_int32", "gated_delta_rule_rows_int32"]
+__all__ = ["row_offset_int32", "linear_cross_entropy_rows_int32", "scaled_mm_rows_int32", "gated_delta_rule_rows_int32",
+           "fused_moe_pairs_int32"]
 
 row_offset_int32 = mutant(
     "cross_entropy",
@@ -71,6 +73,23 @@ gated_delta_rule_rows_int32 = mutant(
         "v, g, beta and o wraps once B x T x H x K passes 2**31 - 1 (fla#1080's corruption): the "
         "rows past it read and write another row, or outside the tensor. Triggered only by "
         "inputs past 2**31 elements."
+    ),
+    kills=("large_index",),
+)
+
+fused_moe_pairs_int32 = mutant(
+    "fused_moe",
+    _fused_moe_kernel,
+    [("    pairs = tl.load(SORTED_PAIRS + block * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)\n"
+      "    row_ok = pairs < NUM_PAIRS\n    tokens = pairs // TOP_K\n",
+      "    pairs = tl.load(SORTED_PAIRS + block * BLOCK_M + tl.arange(0, BLOCK_M))\n"
+      "    row_ok = pairs < NUM_PAIRS\n    tokens = pairs // TOP_K\n")],
+    name="fused_moe_pairs_int32",
+    bug=(
+        "The gate/up GEMM keeps its sorted (token, slot) pair numbers in int32 as loaded, so the intermediate's "
+        "row offset pair * I (and x's token * stride) wraps once T k I (T H) passes 2**31 - 1: at every expert "
+        "whose sorted rows start past it, the intermediate is written over another pair's row (megablocks' "
+        "expert-offset overflow). Triggered only by T k I past 2**31 elements."
     ),
     kills=("large_index",),
 )

@@ -33,8 +33,10 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from tritoncheck import backend, generic
+from tritoncheck.backend import BF16_DOT_ON_INTERPRETER
 from tritoncheck.bad_input import OTHER_DEVICE, BadInput, Spoiler, randn, scalar_spoilers, tensor_spoilers
 from tritoncheck.config import CONFIG
+from tritoncheck.declarations import BF16_DOT_UPCAST, CHUNK_SIZES
 from tritoncheck.large_problem import LargeProblem, rows_past_int32
 from tritoncheck.limits import NO_LIMITS, Limits, OutsideLimits
 from tritoncheck.oracle import assert_close
@@ -462,6 +464,9 @@ register(OpSpec(
     grad_inputs=("q", "k", "v", "g", "beta", "initial_state"),
     grad_outputs=("o", "final_state"),
     output_shapes=lambda case: {"o": case.tensors["v"].shape, "final_state": _state_shape(case)},
+    # no bf16 tl.dot on the interpreter: bfloat16 runs there only for kernels that upcast first
+    backend_limits=(BF16_DOT_ON_INTERPRETER,),
+    declarations=(BF16_DOT_UPCAST, CHUNK_SIZES),
     checks=(
         Check("matches_reference", gdr_matches_reference),
         Check("gradients_match_reference", gdr_gradients_match_reference,

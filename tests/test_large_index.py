@@ -120,7 +120,8 @@ def _checked(op, impl, dtype) -> int:
 @pytest.mark.parametrize("op, mutant", [("cross_entropy", "row_offset_int32"),
                                          ("linear_cross_entropy", "linear_cross_entropy_rows_int32"),
                                          ("scaled_mm", "scaled_mm_rows_int32"),
-                                         ("gated_delta_rule", "gated_delta_rule_rows_int32")])
+                                         ("gated_delta_rule", "gated_delta_rule_rows_int32"),
+                                         ("fused_moe", "fused_moe_pairs_int32")])
 def test_an_int32_row_offset_is_caught(op, mutant):
     """tritoncheck.mutants.offsets' int32 row offsets (cross-entropy's row * stride; fused linear
     cross-entropy's row indices; the GEMM's rows; the gated delta rule's batch row) fail it, in a
@@ -137,7 +138,7 @@ def test_an_int32_row_offset_is_caught(op, mutant):
 
 
 @pytest.mark.parametrize("op", ["swiglu", "layer_norm", "dropout_residual_layer_norm", "paged_decode_attention",
-                                "scaled_mm"])
+                                "scaled_mm", "fused_moe"])
 def test_the_slicing_and_comparison_work_at_a_small_size(op, monkeypatch):
     """The machinery of the check, on every backend: a few thousand elements instead of
     2**31, the project's kernel, slices compared with their fp64 reference."""

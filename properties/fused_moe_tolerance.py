@@ -1,0 +1,130 @@
+"""Tolerance rule of the fused mixture-of-experts layer (``fused_moe``).
+
+Pieces and notation: :mod:`tritoncheck.tolerance`; the math: references/fused_moe.py. For each
+(token t, slot j) pair with expert e and weight w: ``g``, ``v`` (gate and up, I each), ``h =
+silu(g) v``, ``o = W2[e] h``; ``Sg = |W1[e, :I]| |x_t|``, ``Sv`` likewise (what the sums over H
+run over). ``u = u(fp32)``; ``r`` is the rounding of an fp32 value into x's dtype, ``p.store``
+(u(dtype), 2 u(bf16) for the interpreter's truncating conversion).
+
+What a correct implementation may do, and what each step costs:
+
+* The projections over H in fp32: ``p.dot + sum_error(H)`` of ``Sg`` (``Sv``), whatever the order
+  or blocking (``p.dot``: a product's rounding, tf32 for float32 x on a GPU). fp8 weights: the
+  products of x and the fp8 values are exact in fp32 (or the dequantised weight in fp32: one
+  rounding more), the scale applied in fp32: ``2 u``. Not charged: the dequantised weight
+  rounded into x's dtype. That error is ``r |W|`` per weight, ``r Sg`` on g, and carried
+  through SwiGLU and the second GEMM the worst-case bound reached |y| itself for bfloat16 at
+  H = 150, I = 70 (a rule that accepts 0): a kernel that computes with a rounded copy of the
+  dequantised weights is outside the contract. An operand below fp32's normals may be
+  flushed (``DOT_READ_FLOOR`` per product, times the other operand's magnitude).
+* g and v may be stored in x's dtype before SwiGLU (vLLM keeps the first GEMM's ``[T k, 2I]``
+  output in the activation dtype): ``r |g|``, ``r |v|``. So ``dg = (p.dot + sum_error(H)) Sg +
+  r |g| + floor``.
+* SwiGLU at the computed g, v: ``properties/elementwise_tolerance.py``'s ``swiglu`` rule (the fp32
+  sigmoid, two products, silu(g) rounded to x's dtype as ``F.silu`` does, h stored in x's dtype:
+  vLLM's ``[T k, I]`` intermediate); and g's, v's errors carried through h's derivatives:
+  ``|v| 1.1 dg + |silu(g)| dv`` (|d silu / dg| <= 1.1).
+* The projection over I: ``(p.dot + sum_error(I)) |W2| |h|`` plus ``|W2| dh`` (the intermediate's
+  error carried), fp8's scale as above, and the flush floor.
+* The weight: ``w o`` in fp32 (``u``); the routing weight rounded to x's dtype (HF's Mixtral
+  casts it) and the weighted term stored in x's dtype (vLLM's ``[T, k, H]``): ``2 r``. From
+  router logits, the weights' own error ``r_w``: a float32 softmax (each exp ``(EXP_ULPS + |z|)
+  u`` for z = logit - max, the sum ``sum_error(E)``, the division ``u``; the sum's error carries
+  every exp's, so ``r_p = 2 u (EXP_ULPS + max |z|) + sum_error(E) + u``), renormalised: ``2 r_p +
+  sum_error(k) + u``. The experts chosen are the exact ones (the domain keeps the k-th and the
+  (k+1)-th logits apart).
+* The sum over the k slots, in x's dtype at worst (vLLM's ``moe_sum`` and HF's ``index_add_``
+  accumulate there): ``(k - 1) r`` of ``sum_j |w_j o_j|`` (Higham's recursive-sum bound, k <= 8
+  in practice, below the probabilistic one there).
+* The store of y: ``p.store |y| + p.floor``.
+
+SAFETY on the whole (the SwiGLU rule carries its own as well).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tritoncheck import backend
+from tritoncheck.properties.elementwise_tolerance import swiglu
+from tritoncheck.references.fused_moe import expert_terms, routing_torch
+from tritoncheck.tolerance import DOT_READ_FLOOR, EXP_ULPS, SAFETY, U32, Precision, float64_on, sum_error
+
+
+def _on(v, device, integer: bool = False):
+    if v is None:
+        return None
+    if integer:
+        return torch.as_tensor(np.asarray(v) if not isinstance(v, torch.Tensor) else v, device=device).to(torch.int64)
+    return float64_on(v, device)
+
+
+def routing_error(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> torch.Tensor:
+    """Each token's relative error bound of its routing weights [T, 1] (module docstring)."""
+    experts = router_logits.shape[1]
+    spread = (router_logits.max(dim=1).values - router_logits.min(dim=1).values)[:, None]
+    r_p = 2 * U32 * (EXP_ULPS + spread) + float(sum_error(experts, U32)) + U32
+    return 2 * r_p + float(sum_error(top_k, U32)) + U32 if renormalize else r_p
+
+
+def routed(values: dict, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | float]:
+    """(weights fp64 [T, k], ids int64 [T, k], the weights' relative error) of a call's inputs:
+    as given, or the exact routing of its logits."""
+    logits = values.get("router_logits")
+    if logits is None:
+        return _on(values["topk_weights"], device), _on(values["topk_ids"], device, integer=True), 0.0
+    logits = _on(logits, device)
+    weights, ids = routing_torch(logits, int(values["top_k"]), bool(values["renormalize"]))
+    return weights, ids, routing_error(logits, int(values["top_k"]), bool(values["renormalize"]))
+
+
+def _flush(row_sums: torch.Tensor, col_sums: torch.Tensor, n: int) -> torch.Tensor:
+    """DOT_READ_FLOOR per product of a length-n dot: misread operands times the other's magnitude."""
+    return DOT_READ_FLOOR * (row_sums[:, None] + col_sums[None, :] + n)
+
+
+def pair_allowance(values: dict, p: Precision) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(allowed error of each pair's w o [P, H] before the sum over slots, |w o| [P, H], the
+    terms' weights w [P], k) for a call's fp64 inputs ``values`` (module docstring)."""
+    device = backend.device()
+    x = _on(values["x"], device)
+    w1, w2 = _on(values["w1"], device), _on(values["w2"], device)
+    s1, s2 = _on(values.get("w1_scale"), device), _on(values.get("w2_scale"), device)
+    weights, ids, r_w = routed(values, device)
+    terms = expert_terms(x, w1, w2, weights, ids, s1, s2)
+    r = p.store
+    hidden, inter = x.shape[1], w2.shape[2]
+    fp8_1 = 2 * U32 if s1 is not None else 0.0
+    fp8_2 = 2 * U32 if s2 is not None else 0.0
+    a1 = p.dot + float(sum_error(hidden, p.compute)) + fp8_1
+    a2 = p.dot + float(sum_error(inter, p.compute)) + fp8_2
+    g, v, h = terms["g"], terms["v"], terms["h"]
+    x_sums = x.abs().sum(1)[terms["token"]]
+    dg = a1 * terms["sg"] + r * g.abs()
+    dv = a1 * terms["sv"] + r * v.abs()
+    for e, w1e in terms["W1"].items():
+        rows = (terms["expert"] == e).nonzero().flatten()
+        col = w1e.abs().sum(1)
+        dg[rows] += _flush(x_sums[rows], col[:inter], hidden)
+        dv[rows] += _flush(x_sums[rows], col[inter:], hidden)
+    silu = g * torch.sigmoid(g)
+    dh = float64_on(swiglu(g, v, h, p), device) + v.abs() * 1.1 * dg + silu.abs() * dv
+    do = torch.zeros_like(terms["o"])
+    for e, w2e in terms["W2"].items():
+        rows = (terms["expert"] == e).nonzero().flatten()
+        a = w2e.abs()
+        do[rows] = (a2 * h[rows].abs() + dh[rows]) @ a.T + _flush(h[rows].abs().sum(1), a.sum(1), inter)
+    w = terms["weight"]
+    r_w = r_w if isinstance(r_w, float) else r_w.expand(-1, ids.shape[1]).reshape(-1)[:, None]
+    wo = (w[:, None] * terms["o"]).abs()
+    allowed = w.abs()[:, None] * do + (U32 + 2 * r + r_w) * wo
+    return allowed, wo, w, ids.shape[1]
+
+
+def fused_moe(values: dict, y, p: Precision) -> np.ndarray:
+    """Allowed absolute error of each element of ``y [T, H]`` (the module docstring derives it)."""
+    allowed, wo, _, k = pair_allowance(values, p)
+    t = allowed.shape[0] // k
+    per_token = allowed.view(t, k, -1).sum(1) + (k - 1) * p.store * wo.view(t, k, -1).sum(1)
+    device = backend.device()
+    return (SAFETY * per_token + p.store * float64_on(y, device).abs() + p.floor).cpu().numpy()
