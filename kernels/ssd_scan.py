@@ -138,7 +138,7 @@ def _ssd_fwd_kernel(
     nh = tl.program_id(0).to(tl.int64)
     n = nh // H
     h = nh % H
-    grp = h // HEADS_PER_GROUP
+    grp = h // HEADS_PER_GROUP  # the group whose B and C this head reads
     offs_p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
     rows = tl.arange(0, CHUNK)

@@ -6,9 +6,11 @@ from __future__ import annotations
 from tritoncheck.kernels import gated_delta_rule as _gdr_kernel
 from tritoncheck.kernels import linear_cross_entropy as _lce_kernel
 from tritoncheck.kernels import losses as _kernel
+from tritoncheck.kernels import ssd_scan as _ssd_kernel
 from tritoncheck.mutation import mutant
 
-__all__ = ["row_offset_int32", "linear_cross_entropy_rows_int32", "gated_delta_rule_rows_int32"]
+__all__ = ["row_offset_int32", "linear_cross_entropy_rows_int32", "gated_delta_rule_rows_int32",
+           "ssd_scan_rows_int32"]
 
 row_offset_int32 = mutant(
     "cross_entropy",
@@ -55,6 +57,20 @@ gated_delta_rule_rows_int32 = mutant(
         "v, g, beta and o wraps once B x T x H x K passes 2**31 - 1 (fla#1080's corruption): the "
         "rows past it read and write another row, or outside the tensor. Triggered only by "
         "inputs past 2**31 elements."
+    ),
+    kills=("large_index",),
+)
+
+ssd_scan_rows_int32 = mutant(
+    "ssd_scan",
+    _ssd_kernel,
+    [("    row = tl.load(SEQ + n * 4)  # int64: row * stride passes 2**31 in a large batch",
+      "    row = tl.load(SEQ + n * 4).to(tl.int32)")],
+    name="ssd_scan_rows_int32",
+    bug=(
+        "The forward holds each sequence's batch row in int32, so the offset row * stride of x, dt, "
+        "B, C, z and y wraps once B x T x H x P passes 2**31 - 1: the rows past it read and write "
+        "another row, or outside the tensor. Triggered only by inputs past 2**31 elements."
     ),
     kills=("large_index",),
 )

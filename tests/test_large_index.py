@@ -97,10 +97,11 @@ def test_past_int32_offsets_match_the_reference(op, impl, dtype):
 
 @pytest.mark.parametrize("op, mutant", [("cross_entropy", "row_offset_int32"),
                                          ("linear_cross_entropy", "linear_cross_entropy_rows_int32"),
-                                         ("gated_delta_rule", "gated_delta_rule_rows_int32")])
+                                         ("gated_delta_rule", "gated_delta_rule_rows_int32"),
+                                         ("ssd_scan", "ssd_scan_rows_int32")])
 def test_an_int32_row_offset_is_caught(op, mutant):
     """tritoncheck.mutants.offsets' int32 row offsets (cross-entropy's row * stride; fused linear
-    cross-entropy's row indices; the gated delta rule's batch row) fail it, in a spawned child: wild reads may
+    cross-entropy's row indices; the gated delta rule's and the SSD scan's batch row) fail it, in a spawned child: wild reads may
     break the CUDA context."""
     reason = _why_not(op, torch.bfloat16)
     if reason:
