@@ -8,10 +8,11 @@ from tritoncheck.kernels import gated_delta_rule as _gdr_kernel
 from tritoncheck.kernels import linear_cross_entropy as _lce_kernel
 from tritoncheck.kernels import losses as _kernel
 from tritoncheck.kernels import scaled_mm as _scaled_mm_kernel
+from tritoncheck.kernels import ssd_scan as _ssd_kernel
 from tritoncheck.mutation import mutant
 
 __all__ = ["row_offset_int32", "linear_cross_entropy_rows_int32", "scaled_mm_rows_int32", "gated_delta_rule_rows_int32",
-           "fused_moe_pairs_int32"]
+           "fused_moe_pairs_int32", "ssd_scan_rows_int32"]
 
 row_offset_int32 = mutant(
     "cross_entropy",
@@ -90,6 +91,20 @@ fused_moe_pairs_int32 = mutant(
         "row offset pair * I (and x's token * stride) wraps once T k I (T H) passes 2**31 - 1: at every expert "
         "whose sorted rows start past it, the intermediate is written over another pair's row (megablocks' "
         "expert-offset overflow). Triggered only by T k I past 2**31 elements."
+    ),
+    kills=("large_index",),
+)
+
+ssd_scan_rows_int32 = mutant(
+    "ssd_scan",
+    _ssd_kernel,
+    [("    row = tl.load(SEQ + n * 4)  # int64: row * stride passes 2**31 in a large batch",
+      "    row = tl.load(SEQ + n * 4).to(tl.int32)")],
+    name="ssd_scan_rows_int32",
+    bug=(
+        "The forward holds each sequence's batch row in int32, so the offset row * stride of x, dt, "
+        "B, C, z and y wraps once B x T x H x P passes 2**31 - 1: the rows past it read and write "
+        "another row, or outside the tensor. Triggered only by inputs past 2**31 elements."
     ),
     kills=("large_index",),
 )

@@ -21,12 +21,17 @@ per-token rounding error.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
+from hypothesis import strategies as st
 
+from tritoncheck import generic
 from tritoncheck.oracle import assert_close, to_numpy
 from tritoncheck.registry import Implementation
 from tritoncheck.strategies import TensorSpec
@@ -52,6 +57,57 @@ def offsets_spec(lengths: list[int], dtype: str = "int32") -> TensorSpec:
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
     return TensorSpec((len(cu),), dtype, family="indices", scale=1.0,
                       injections=tuple((i, float(c)) for i, c in enumerate(cu)))
+
+
+def scale_into(tensors_: list[torch.Tensor], size: float, limit: float) -> None:
+    """Scale the tensors (in place) by the power of two that brings ``size`` to at most ``limit``."""
+    if size > limit:
+        factor = 2.0 ** -math.ceil(math.log2(size / limit))
+        for t in tensors_:
+            t.mul_(factor)
+
+
+def largest(t: torch.Tensor | None) -> float:
+    return float(t.abs().max()) if t is not None and t.numel() else 0.0
+
+
+@st.composite
+def packed_lengths(draw, total_max: int, chunks: Sequence[int]) -> list[int]:
+    """Packed sequence lengths: one to four sequences, zero-length ones among them, lengths at
+    the chunk edges as often as anywhere."""
+    count = draw(st.integers(1, 4))
+    per = max(1, total_max // count)
+    edges = [n for n in {c + d for c in chunks for d in (-1, 0, 1)} if n <= per]
+    one = st.one_of(st.integers(0, per), st.sampled_from(edges)) if edges else st.integers(0, per)
+    lengths = draw(st.lists(one, min_size=count, max_size=count))
+    if sum(lengths) == 0:
+        lengths[0] = 1
+    return lengths
+
+
+def cut_position(n: int, seed: int, chunks: Sequence[int]) -> int:
+    """A cut inside a sequence of ``n`` tokens: at a chunk edge or beside one as often as anywhere."""
+    picks = sorted({e for c in chunks for e in (c - 1, c, c + 1)} | {1, n // 2, n - 1, 1 + seed % max(n - 1, 1)})
+    picks = [i for i in picks if 1 <= i <= n - 1]
+    return picks[seed % len(picks)]
+
+
+def declares_chunk_sizes(impl: Implementation) -> str | None:
+    """A check's ``requires``: why an implementation cannot be checked for chunk-size invariance."""
+    return None if getattr(impl.fn, "chunk_sizes", None) else \
+        f"{impl.name} declares no chunk_sizes (no chunk_size keyword to vary)"
+
+
+def cases_with(**fixed):
+    """A check's ``cases``: the op's strategy with some structure fixed (``varlen=True``...)."""
+    return lambda op, dtype: op.cases(dtype, **fixed)
+
+
+def upstream_with(**fixed):
+    """The op's cases (some structure fixed) with an upstream gradient for each differentiated output."""
+    def make(op, dtype):
+        return generic.with_upstream(dataclasses.replace(op, cases=functools.partial(op.cases, **fixed)), dtype)
+    return make
 
 
 def _call(impl: Implementation, values: Mapping[str, Any], args: tuple[str, ...], extra=None) -> dict:
@@ -89,7 +145,7 @@ def pieces_equal_one_call(impl: Implementation, values: Mapping[str, Any], args:
     for a, b in zip(bounds, bounds[1:]):
         part = dict(values)
         for name, axis in layout.tokens.items():
-            if name in part:
+            if part.get(name) is not None:
                 part[name] = _slice(values[name], axis, a, b)
         part[layout.state_in] = state
         outs = _call(impl, part, args)
@@ -115,7 +171,7 @@ def packed_equal_separate_calls(impl: Implementation, values: Mapping[str, Any],
     for n, (a, b) in enumerate(zip(cu, cu[1:])):
         alone = dict(values)
         for name, axis in layout.tokens.items():
-            if name in alone:
+            if alone.get(name) is not None:
                 alone[name] = _slice(values[name], axis, a, b)
         alone[layout.offsets] = None
         alone[layout.state_in] = None if state is None else state[n:n + 1]

@@ -24,7 +24,6 @@ conversion is wrong; the GPU draws them).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import numpy as np
@@ -43,6 +42,15 @@ from tritoncheck.oracle import assert_close
 from tritoncheck.parity import control_baseline
 from tritoncheck.properties import chunked_scan
 from tritoncheck.properties import gated_delta_rule_tolerance as rules
+from tritoncheck.properties.chunked_scan import (
+    cases_with,
+    cut_position,
+    declares_chunk_sizes,
+    largest,
+    packed_lengths,
+    scale_into,
+    upstream_with,
+)
 from tritoncheck.references import gated_delta_rule as ref
 from tritoncheck.registry import OPS, Check, Implementation, OpSpec, register
 from tritoncheck.strategies import Case, layouts, special_values, tensors
@@ -62,18 +70,6 @@ DOMAIN_DIVISOR = 16.0
 LAYOUT = chunked_scan.ScanLayout(tokens={"q": 1, "k": 1, "v": 1, "g": 1, "beta": 1, "o": 1},
                                  state_in="initial_state", state_out="final_state", offsets="cu_seqlens",
                                  outputs=("o", "final_state"))
-
-
-def _scale_into(tensors_: list[torch.Tensor], size: float, limit: float) -> None:
-    """Scale the tensors (in place) by the power of two that brings ``size`` to at most ``limit``."""
-    if size > limit:
-        factor = 2.0 ** -math.ceil(math.log2(size / limit))
-        for t in tensors_:
-            t.mul_(factor)
-
-
-def _largest(t: torch.Tensor) -> float:
-    return float(t.abs().max()) if t.numel() else 0.0
 
 
 class DeltaCase(Case):
@@ -110,34 +106,20 @@ class DeltaCase(Case):
         def state_bound() -> float:  # P: every column of every state is at most this long
             writes = torch.einsum("bth,bthv->bhv", weights, v.to(torch.float64).abs())
             start = h0.to(torch.float64).norm(dim=-2).amax(dim=0) if h0 is not None and h0.numel() else 0.0
-            return _largest(writes + start) if writes.numel() else 0.0
+            return largest(writes + start) if writes.numel() else 0.0
 
         state = [v] + ([h0] if h0 is not None else [])
-        _scale_into(state, max(state_bound(), _largest(v), _largest(h0) if h0 is not None else 0.0), limit)
+        scale_into(state, max(state_bound(), largest(v), largest(h0)), limit)
         p_bound = state_bound()
         scale = ref.resolved_scale(values["scale"], q.shape[-1])
-        q_norm = _largest(q.to(torch.float64).norm(dim=-1)) if q.numel() else 0.0
-        _scale_into([q], max(scale * q_norm * p_bound, _largest(q)), limit)
+        q_norm = largest(q.to(torch.float64).norm(dim=-1)) if q.numel() else 0.0
+        scale_into([q], max(scale * q_norm * p_bound, largest(q)), limit)
         if dtype == torch.bfloat16 and backend.current() == "interpret":
             tiny = float(torch.finfo(dtype).tiny)
             for t in (q, k, v, g, beta):
                 if t.dtype == torch.bfloat16:
                     t.masked_fill_(t.abs() < tiny, 0.0)
         return values
-
-
-@st.composite
-def _lengths(draw, total_max: int) -> list[int]:
-    """Packed sequence lengths: one to four sequences, zero-length ones among them, lengths at
-    the chunk edges as often as anywhere."""
-    count = draw(st.integers(1, 4))
-    per = max(1, total_max // count)
-    edges = [n for n in {c + d for c in CHUNKS for d in (-1, 0, 1)} if n <= per]
-    one = st.one_of(st.integers(0, per), st.sampled_from(edges)) if edges else st.integers(0, per)
-    lengths = draw(st.lists(one, min_size=count, max_size=count))
-    if sum(lengths) == 0:
-        lengths[0] = 1
-    return lengths
 
 
 def _head_dim(draw, limits: Limits, dim: str, cap: int) -> int:
@@ -169,7 +151,7 @@ def gated_delta_rule_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS,
     t_max = max(min_t, min(t_max, CONFIG.pick(2**23, 2**33) // (vd * kd * kd * 2)))
     h = draw(limits.specialised(OP, "H", 1, CONFIG.pick(2, 4), span=(1, 4)))
     if varlen:
-        lengths = draw(_lengths(max(min_t, t_max // h)))
+        lengths = draw(packed_lengths(max(min_t, t_max // h), CHUNKS))
         b, n_tokens = 1, sum(lengths)
         assume(n_tokens >= min_t)
     else:
@@ -207,17 +189,6 @@ def _state_shape(case: Case) -> tuple[int, ...]:
     b, _, h, kd = case.tensors["q"].shape
     n = case.tensors["cu_seqlens"].shape[0] - 1 if "cu_seqlens" in case.tensors else b
     return (n, h, kd, case.tensors["v"].shape[-1])
-
-
-def _cases(**fixed):
-    return lambda op, dtype: op.cases(dtype, **fixed)
-
-
-def _upstream(**fixed):
-    """The op's cases (some structure fixed) with upstream gradients do and dfinal_state."""
-    def make(op, dtype):
-        return generic.with_upstream(dataclasses.replace(op, cases=functools.partial(op.cases, **fixed)), dtype)
-    return make
 
 
 # ------------------------------------------------------------------------- tolerance
@@ -298,11 +269,6 @@ def gdr_backward_repeatable(case: Case, impl: Implementation) -> None:
     generic.backward_repeatable(DeltaCase.of(case), impl)
 
 
-def _chunk_sizes(impl: Implementation) -> str | None:
-    return None if getattr(impl.fn, "chunk_sizes", None) else \
-        f"{impl.name} declares no chunk_sizes (no chunk_size keyword to vary)"
-
-
 def chunk_size_invariant(case: Case, impl: Implementation) -> None:
     """Every chunk size the implementation declares gives the same o and final state,
     within twice the derived tolerance."""
@@ -310,21 +276,13 @@ def chunk_size_invariant(case: Case, impl: Implementation) -> None:
     chunked_scan.chunk_size_invariant(impl, values, case.args, _allowed(case, values, impl))
 
 
-def _cut(case: Case) -> int:
-    """A cut inside the sequence: at a chunk edge or beside one as often as anywhere."""
-    n = case.tensors["q"].shape[1]
-    seed = case.tensors["v"].seed
-    picks = sorted({e for c in CHUNKS for e in (c - 1, c, c + 1)} | {1, n // 2, n - 1, 1 + seed % max(n - 1, 1)})
-    picks = [i for i in picks if 1 <= i <= n - 1]
-    return picks[seed % len(picks)]
-
-
 def split_in_two_carries_state(case: Case, impl: Implementation) -> None:
     """The sequence cut in two, the second call started from the first one's final state,
     gives the one call's o and final state (within twice the derived tolerance)."""
     case, values = _values(case)
     assume(values["q"].shape[1] >= 2)
-    chunked_scan.pieces_equal_one_call(impl, values, case.args, LAYOUT, [_cut(case)],
+    cut = cut_position(values["q"].shape[1], case.tensors["v"].seed, CHUNKS)
+    chunked_scan.pieces_equal_one_call(impl, values, case.args, LAYOUT, [cut],
                                        _allowed(case, values, impl), "two calls, the state carried")
 
 
@@ -470,20 +428,20 @@ register(OpSpec(
     checks=(
         Check("matches_reference", gdr_matches_reference),
         Check("gradients_match_reference", gdr_gradients_match_reference,
-              cases=_upstream(initial=True, max_t=CONFIG.pick(40, 512)), requires=generic._needs_backward),
+              cases=upstream_with(initial=True, max_t=CONFIG.pick(40, 512)), requires=generic._needs_backward),
         Check("inputs_unchanged", gdr_inputs_unchanged),
         Check("calls_independent", gdr_calls_independent),
-        Check("deterministic", gdr_deterministic, cases=_upstream(initial=True, max_t=CONFIG.pick(40, 512))),
-        Check("backward_repeatable", gdr_backward_repeatable, cases=_upstream(initial=True, max_t=CONFIG.pick(40, 512)),
+        Check("deterministic", gdr_deterministic, cases=upstream_with(initial=True, max_t=CONFIG.pick(40, 512))),
+        Check("backward_repeatable", gdr_backward_repeatable, cases=upstream_with(initial=True, max_t=CONFIG.pick(40, 512)),
               requires=generic._needs_backward),
-        Check("chunk_size_invariant", chunk_size_invariant, requires=_chunk_sizes),
-        Check("split_in_two_carries_state", split_in_two_carries_state, cases=_cases(varlen=False, min_t=2),
+        Check("chunk_size_invariant", chunk_size_invariant, requires=declares_chunk_sizes),
+        Check("split_in_two_carries_state", split_in_two_carries_state, cases=cases_with(varlen=False, min_t=2),
               needs_arguments=("initial_state",)),
         Check("token_by_token_equals_chunked", token_by_token_equals_chunked,
-              cases=_cases(varlen=False, max_t=CONFIG.pick(12, 128)), needs_arguments=("initial_state",)),
-        Check("packed_equals_separate_calls", packed_equals_separate_calls, cases=_cases(varlen=True),
+              cases=cases_with(varlen=False, max_t=CONFIG.pick(12, 128)), needs_arguments=("initial_state",)),
+        Check("packed_equals_separate_calls", packed_equals_separate_calls, cases=cases_with(varlen=True),
               needs_arguments=("cu_seqlens", "initial_state")),
-        Check("beta_zero_decays_initial_state", beta_zero_decays_initial_state, cases=_cases(initial=True),
+        Check("beta_zero_decays_initial_state", beta_zero_decays_initial_state, cases=cases_with(initial=True),
               needs_arguments=("initial_state",)),
         Check("g_zero_is_ungated", g_zero_is_ungated),
     ),

@@ -121,10 +121,11 @@ def _checked(op, impl, dtype) -> int:
                                          ("linear_cross_entropy", "linear_cross_entropy_rows_int32"),
                                          ("scaled_mm", "scaled_mm_rows_int32"),
                                          ("gated_delta_rule", "gated_delta_rule_rows_int32"),
-                                         ("fused_moe", "fused_moe_pairs_int32")])
+                                         ("fused_moe", "fused_moe_pairs_int32"),
+                                         ("ssd_scan", "ssd_scan_rows_int32")])
 def test_an_int32_row_offset_is_caught(op, mutant):
     """tritoncheck.mutants.offsets' int32 row offsets (cross-entropy's row * stride; fused linear
-    cross-entropy's row indices; the GEMM's rows; the gated delta rule's batch row) fail it, in a
+    cross-entropy's row indices; the GEMM's rows; the gated delta rule's and the SSD scan's batch row) fail it, in a
     spawned child: wild reads may break the CUDA context."""
     dtype = _dtype_of(registry.OPS[op])
     reason = _why_not(op, dtype)
