@@ -255,11 +255,39 @@ def test_the_reference_precision_is_far_below_the_rule(scratch_ops):
 def test_units_of_a_reference_written_in_float32_follow_it():
     """``x.float()`` in the reference: its steps round in float32, whatever the input dtype."""
     units = rounding.Units(accumulate=2.0**-24, dot=2.0**-24)
-    x = torch.randn(64, dtype=torch.float64).half().double()
+    # positive x: no cancellation in x * 3 + 1 (a random sign put a result near 0 once in a while)
+    x = (torch.rand(64, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) + 0.5).half().double()
     out, _ = rounding.evaluate(lambda x: x.float() * 3.0 + 1.0, [x], [torch.float16], units)
     assert float((out.err / out.value.abs()).max()) < 1e-6  # fp32 roundings, not fp16 ones
     out, _ = rounding.evaluate(lambda x: x * 3.0 + 1.0, [x], [torch.float16], units)
     assert float((out.err / out.value.abs()).max()) > 4e-4  # fp16 roundings
+
+
+def test_a_gpu_that_flushes_tiny_inputs_is_within_the_bound():
+    """bfloat16 a holding values below fp32's smallest normal (a GPU may flush them to zero
+    on load) against b near 1e30: the product's error is |a| |b|, which the read floor
+    allows; a flush-free evaluation's bound would be a few ulps of the output."""
+    units = rounding.Units(accumulate=2.0**-24, dot=2.0**-8)
+    a = torch.tensor([[2.0**-130, 2.0**-131]], dtype=torch.bfloat16).double()
+    b = torch.tensor([[1e30], [1e30]], dtype=torch.bfloat16).double()
+    out, evaluation = rounding.evaluate(lambda a, b: a @ b, [a, b], [torch.bfloat16] * 2, units)
+    flushed = (a * (a.abs() >= 2.0**-126)) @ b  # what an FTZ load computes
+    assert float((flushed - out.value).abs().max()) <= float(out.err.max()) and not evaluation.overflow
+    assert float(out.err.max()) < 2 * float(out.value.abs().max())  # and no wider than the flush itself
+
+
+def test_a_sum_past_fp32_range_marks_the_evaluation():
+    """Cancelling terms near fp32's largest value: the result is finite, but an fp32
+    accumulator may overflow on the way, so no fp32 implementation is bound to it."""
+    units = rounding.Units(accumulate=2.0**-24, dot=2.0**-24)
+    x = torch.tensor([3e38, 3e38, -3e38, -3e38], dtype=torch.float64)
+    _, evaluation = rounding.evaluate(lambda x: x.sum(), [x], [torch.float32], units)
+    assert evaluation.overflow
+    a, b = x[None, :], torch.ones(4, 1, dtype=torch.float64)
+    _, evaluation = rounding.evaluate(lambda a, b: a @ b, [a, b], [torch.float32] * 2, units)
+    assert evaluation.overflow
+    _, evaluation = rounding.evaluate(lambda x: x.sum(), [x / 1e10], [torch.float32], units)
+    assert not evaluation.overflow
 
 
 # ------------------------------------------------------------ discovery

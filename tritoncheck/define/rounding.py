@@ -9,7 +9,8 @@ the operands' for an op; a cast's target). Every ATen op the reference runs adds
 rounding to what it inherits (PyTorch's decompositions open the composite ones:
 ``softmax`` becomes ``amax``, ``sub``, ``exp``, ``sum``, ``div``):
 
-* inputs: ``e = 0`` (the implementation and the reference read the same rounded inputs);
+* inputs: ``e = 0`` (the implementation and the reference read the same rounded inputs),
+  but ``|x|`` below fp32's smallest normal, which a GPU may flush to zero (FTZ);
 * arithmetic (``add``, ``mul``, ``div``, ``where``, ``maximum``, ...), correctly rounded:
   ``e = sum_i |df/dx_i| e_i + r(z)``, ``mul`` adding the second-order ``e_x e_y``;
 * any other pointwise function (``exp``, ``log``, ``erf``, ``tanh``, ``sigmoid``, ``pow``,
@@ -21,7 +22,9 @@ rounding to what it inherits (PyTorch's decompositions open the composite ones:
   declared accumulation precision); ``amax``/``amin``: the largest ``e_i``;
 * products (``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``mv``, ``dot``; ``matmul``,
   ``einsum`` and ``linear`` reach them): ``|A| e_B + e_A |B| + (u_dot + sum_error(K, u_acc))
-  |A||B| + r(z)``: the absolute-value product, ``u_dot`` the declared dot precision;
+  |A||B| + K tiny32 + r(z)``: the absolute-value product, ``u_dot`` the declared dot
+  precision, each product flushed below fp32's smallest normal; a sum whose magnitudes
+  pass fp32's range may overflow an fp32 accumulator (``Evaluation.overflow``);
 * a composite op (softmax, layer norm, gelu, var, ...) as PyTorch eager runs it: one
   kernel, its inside in at least fp32, its result rounded once to its nominal dtype;
 * rounding steps the reference takes on purpose (``round``, ``floor``, a cast to a
@@ -64,6 +67,7 @@ from tritoncheck.tolerance import EXP_ULPS, U32, U64, sum_error, ulp, underflow_
 aten = torch.ops.aten
 INTERMEDIATES = ("input", "float32")
 F32_MAX = float(torch.finfo(torch.float32).max)
+F32_TINY = float(torch.finfo(torch.float32).tiny)
 F64_FLOOR = float(torch.finfo(torch.float64).tiny) * float(torch.finfo(torch.float64).eps)
 
 
@@ -454,8 +458,9 @@ def _sum(func, args, kwargs, units: Units):
     x = values_of(args[0])
     dims, keepdim = _reduction_dims(func, args, kwargs)
     n = max(1, x.numel() // max(1, value.numel()))
-    e = _summed(_err_tensor(args[0], x), dims, keepdim) + \
-        sum_error(n, _accumulated(units)) * _summed(x.abs(), dims, keepdim)
+    magnitude = _summed(x.abs(), dims, keepdim)
+    _flag_overflow(magnitude, units)
+    e = _summed(_err_tensor(args[0], x), dims, keepdim) + sum_error(n, _accumulated(units)) * magnitude
     if _packet(func) is aten.mean:
         e = e / n
     nominal = _nominal(args)
@@ -490,8 +495,23 @@ def _extremum(func, args, kwargs, units: Units):
 
 
 def _product(a_abs, b_abs, ea, eb, k: int, units: Units, mm) -> torch.Tensor:
+    """The bound of a matrix product over ``k`` terms: each product flushed to zero below
+    fp32's smallest normal (FTZ) adds up to that much, ``k`` of them per output; a sum of
+    magnitudes past fp32's range may overflow an fp32 accumulator in some order (the case
+    is then outside what an fp32 implementation computes: :class:`Evaluation`)."""
     dot = U64 if units.exact else units.dot
-    return mm(a_abs, eb) + mm(ea, b_abs) + (dot + sum_error(k, _accumulated(units))) * mm(a_abs, b_abs)
+    magnitude = mm(a_abs, b_abs)
+    _flag_overflow(magnitude, units)
+    flushed = 0.0 if units.exact else k * F32_TINY
+    return mm(a_abs, eb) + mm(ea, b_abs) + (dot + sum_error(k, _accumulated(units))) * magnitude + flushed
+
+
+def _flag_overflow(magnitude: torch.Tensor, units: Units) -> None:
+    """Mark the evaluation when a sum's magnitudes pass fp32's largest value: its partial
+    sums may overflow an fp32 accumulator though the result is finite (cancelling terms)."""
+    ev = _evaluation.get()
+    if ev is not None and not units.exact and not ev.overflow and magnitude.numel():
+        ev.overflow = bool(((magnitude > F32_MAX) & torch.isfinite(magnitude)).any())
 
 
 def _matmul(func, args, kwargs, units: Units):
@@ -657,11 +677,23 @@ _RULES[aten.copy] = _copy
 
 # --------------------------------------------------------------------------- evaluation
 
-def _tracked(arguments: Sequence[Any], nominals: Sequence[torch.dtype | None], differentiable=()) -> list:
+def read_floor(value: torch.Tensor, units: Units) -> torch.Tensor:
+    """The error of reading ``value``: 0, except below fp32's smallest normal, where a GPU
+    kernel may flush the input to zero on load or at its first operation (FTZ; fp32 and
+    bfloat16 subnormals lie there): up to |x|. An fp16 input never lies there."""
+    v = value.detach().to(torch.float64)
+    if units.exact:
+        return torch.zeros_like(v)
+    a = v.abs()
+    return torch.where(a < F32_TINY, a, 0.0)
+
+
+def _tracked(arguments: Sequence[Any], nominals: Sequence[torch.dtype | None], units: Units,
+             differentiable=()) -> list:
     out = []
     for i, (a, nominal) in enumerate(zip(arguments, nominals)):
         if isinstance(a, torch.Tensor) and a.dtype.is_floating_point:
-            out.append(track(a, nominal, requires_grad=i in differentiable))
+            out.append(track(a, nominal, read_floor(a, units), requires_grad=i in differentiable))
         else:
             out.append(a)
     return out
@@ -669,9 +701,9 @@ def _tracked(arguments: Sequence[Any], nominals: Sequence[torch.dtype | None], d
 
 def evaluate(reference: Callable, arguments: Sequence[Any], nominals: Sequence[torch.dtype | None], units: Units
              ) -> tuple[Any, Evaluation]:
-    """``reference(*arguments)`` with every float tensor argument tracked from 0, read as its
-    nominal dtype: its outputs as :class:`Tracked` tensors, and what the evaluation met."""
-    tracked = _tracked(arguments, nominals)
+    """``reference(*arguments)`` with every float tensor argument tracked from its
+    :func:`read_floor`, read as its nominal dtype: its outputs as :class:`Tracked` tensors, and what the evaluation met."""
+    tracked = _tracked(arguments, nominals, units)
     with tracking(units) as evaluation, torch.no_grad():
         out = reference(*tracked)
     return out, evaluation
@@ -684,7 +716,7 @@ def evaluate_gradients(reference: Callable, arguments: Sequence[Any], nominals: 
     """The gradients of the reference's outputs ``outputs`` (positions in its result) with
     respect to its arguments ``differentiable`` (positions), given exact upstream gradients,
     each with its error bound."""
-    tracked = _tracked(arguments, nominals, differentiable)
+    tracked = _tracked(arguments, nominals, units, differentiable)
     with tracking(units) as evaluation, torch.enable_grad():
         out = reference(*tracked)
         out = out if isinstance(out, (tuple, list)) else (out,)
