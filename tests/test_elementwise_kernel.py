@@ -301,7 +301,8 @@ def test_mutants_declared():
     mus = _mutants()
     assert set(mus) == {"half_split_pairs", "sin_sign_flipped", "backward_same_rotation", "last_row_block_unwritten",
                         "sigmoid_overflow", "dup_missing_sigmoid", "gradients_into_saved_inputs",
-                        "x_strides_assumed_contiguous", "gate_strides_assumed_contiguous"}
+                        "x_strides_assumed_contiguous", "gate_strides_assumed_contiguous",
+                        "autotune_without_reset_to_zero", "swiglu_truncating_store"}
     for name, m in mus.items():
         assert m.name == name and set(m.kills) <= CHECKS[m.op], (name, m.kills)
 

@@ -152,7 +152,7 @@ def test_a_function_typed_into_a_repl_or_read_from_stdin_is_refused_at_the_call(
     import sys
     fn = _draft("<stdin>")
     main = sys.modules["__main__"]
-    monkeypatch.setattr(main, "__file__", "<stdin>")
+    monkeypatch.setattr(main, "__file__", "<stdin>", raising=False)  # an xdist worker's __main__ has none
     monkeypatch.setattr(main, "drafted_softmax", fn, raising=False)
     with pytest.raises(TypeError, match=r"<stdin> .*source=code"):
         tritoncheck.verify("softmax", fn, quiet=True, report_dir=tmp_path / "refused")

@@ -13,11 +13,22 @@ narrows, and the check does not apply), each element i with a finite fp64 refere
 (:func:`counted_from`: clear of fp32's flush to zero; one element per distinct
 r_i, so that repeated values count once; the inputs are drawn spread over many
 spacings, :func:`spread_values`) has its error in ulps of the output
-dtype, taken two ways: toward zero, s_i = sign(r_i) (y_i - r_i) / ulp(r_i) (a truncating
-store: -1/2 on average), and toward -inf, s_i = (y_i - r_i) / ulp(r_i) (a store that
-rounds down); b_i, the op's derived allowance (the rule matches_reference uses) in ulps;
-and c_i, the same rule with every rounding to the input or output dtype removed
-(:func:`compute_only`): the bound on what the fp32 arithmetic adds. With weights
+dtype, less the error n_i = (RN(r_i) - r_i) / ulp(r_i) of rounding the exact value to
+nearest (even) itself, taken two ways: toward zero, s_i = sign(r_i) ((y_i - r_i) / ulp(r_i)
+- n_i) (a truncating store: -1/2 on average), and toward -inf, s_i = (y_i - r_i) / ulp(r_i) -
+n_i (a store that rounds down); b_i, the op's derived allowance (the rule
+matches_reference uses) in ulps; and c_i, the same rule with every rounding to the input
+or output dtype removed (:func:`compute_only`): the bound on what the fp32 arithmetic
+adds, plus 1 where r_i lies within c_i of a midpoint between two neighbours (the fp32
+result may round to the other one, a spacing away).
+
+Why centred on n_i: the exact values of a case need not spread over their spacings.
+Averages of a few values (attention over a window of 6 keys: sums over 6, ties), a
+near-uniform softmax (every output near 1/N), bfloat16's coarse grid: their roundings
+to nearest share a sign without any store being biased (the GPU run found six correct
+controls and the project's attention failing a zero-centred statistic). Subtracting
+what round-to-nearest of the exact value errs leaves a correct single store at 0,
+except at flips, whatever the values. With weights
 w_i = 1 / max(b_i, 1/2)^2 (an element the rule lets err by many ulps, a cancellation,
 hardly counts), T = sum_i w_i s_i fails when
 
@@ -181,7 +192,8 @@ def bias(errors: np.ndarray, bound: np.ndarray, arithmetic: np.ndarray, delta: f
 
 @dataclasses.dataclass
 class _Pool:
-    """One output's counted elements over the calls: reference, error, rule bound and fp32 share (ulps)."""
+    """One output's counted elements over the calls: reference, error less round-to-nearest's
+    error of the reference, rule bound and fp32 share with the possible flip (ulps)."""
 
     parts: list = dataclasses.field(default_factory=list)
 
@@ -190,11 +202,19 @@ class _Pool:
         r = np.asarray(expected, dtype=np.float64)
         info = torch.finfo(dtype)
         keep = np.isfinite(r) & np.isfinite(y) & (np.abs(r) >= counted_from(dtype)) & (np.abs(r) <= float(info.max))
-        spacing = tolerance.ulp(r[keep], dtype)
-        b, c = (np.broadcast_to(np.asarray(a, dtype=np.float64), r.shape)[keep] / spacing for a in (allowed, fp32_share))
-        self.parts.append((r[keep], (y[keep] - r[keep]) / spacing, b, c))
+        r, y = r[keep], y[keep]
+        spacing = tolerance.ulp(r, dtype)
+        b, c = (np.broadcast_to(np.asarray(a, dtype=np.float64), keep.shape)[keep] / spacing
+                for a in (allowed, fp32_share))
+        # the error of rounding the exact value itself (round-to-nearest-even, as torch converts):
+        # the centre a correct store errs about; where r lies within the fp32 share of a
+        # midpoint, the fp32 result may round to the other neighbour, one spacing away
+        centre = (torch.from_numpy(r).to(dtype).double().numpy() - r) / spacing
+        flips = (0.5 - np.abs(centre) <= c).astype(np.float64)
+        self.parts.append((r, (y - r) / spacing - centre, b, c + flips))
 
     def judged(self, delta: float) -> dict[str, Bias]:
+        """Per direction, the :class:`Bias` of the errors about round-to-nearest's own (centred)."""
         r, e, b, c = (np.concatenate(x) for x in zip(*self.parts)) if self.parts else (np.zeros(0),) * 4
         _, first = np.unique(r, return_index=True)  # one sample per reference value
         r, e, b, c = r[first], e[first], b[first], c[first]
