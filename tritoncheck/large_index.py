@@ -177,7 +177,8 @@ def check(op: str, impl: Implementation, dtype: torch.dtype, device: torch.devic
             values[name] = allowed[0]  # a value its declared limits exclude: the problem at one they allow
     grads_wanted = bool(spec.grad_inputs) and impl.supports_backward
     for name in spec.grad_inputs if grads_wanted else ():
-        values[name] = values[name].detach().requires_grad_(True)
+        if values.get(name) is not None:  # an optional input the large problem leaves out (None)
+            values[name] = values[name].detach().requires_grad_(True)
     budget = declarations.memory_budget(getattr(impl.fn, "memory_budget", None), impl.name)
     sizes = [v.numel() * v.element_size() for v in values.values() if isinstance(v, torch.Tensor)]
     if device.type == "cuda":

@@ -80,13 +80,21 @@ import numpy as np
 import torch
 from hypothesis import assume
 
-from tritoncheck import backend, tolerance
+from tritoncheck import tolerance
 from tritoncheck.limits import NotApplicable
 from tritoncheck.registry import OPS, Implementation, OpSpec
 from tritoncheck.stats import FALSE_ALARM
 from tritoncheck.strategies import Case
 
 NARROW = (torch.float16, torch.bfloat16)
+# The narrow dtypes judged. bfloat16 is not: on one H200 the statistic failed five correct
+# plain-PyTorch controls in bfloat16 (torch_rms_norm_llama at -0.26 ulp against 0.20
+# allowed, add_rms_norm's, linear attention's, softmax's CUDA backward, fused_moe's expert
+# loop), each rounding intermediates to bfloat16 (and, under the interpreter, every fp32 ->
+# bfloat16 store truncates anyway). Their errors are not symmetric about round-to-nearest's
+# own at bfloat16's 8 bits; until the derivation covers roundings of intermediates on that
+# grid, a verdict there would be a false alarm as often as a finding.
+JUDGED = (torch.float16,)
 BIAS_RN = 1.0 / 16  # the mean rounding error round-to-nearest may keep, in ulps (module docstring)
 DETECTABLE = 0.35  # judge an example once a bias of 0.35 ulp (a truncation's is ~0.5) would fail it
 SPACINGS = 16  # references this many subnormal spacings from zero and up are counted (counted_from)
@@ -103,16 +111,23 @@ def narrowing_outputs(op: OpSpec, dtype: torch.dtype) -> tuple[str, ...]:
     return tuple(n for n in op.outputs if op.output_dtypes.get(n, dtype) in NARROW)
 
 
+def judged_outputs(op: OpSpec, dtype: torch.dtype) -> tuple[str, ...]:
+    """The narrowing outputs the statistic judges: the float16 ones (:data:`JUDGED`)."""
+    return tuple(n for n in narrowing_outputs(op, dtype) if op.output_dtypes.get(n, dtype) in JUDGED)
+
+
 def require_narrowing(op: OpSpec, dtype: torch.dtype) -> None:
     """Raise :class:`NotApplicable` (the check is skipped with the reason) where no output
-    narrows, or where every narrowing output is bfloat16 under the interpreter."""
+    narrows, or where every narrowing output is bfloat16 (:data:`JUDGED`)."""
     outputs = narrowing_outputs(op, dtype)
     if not outputs:
         raise NotApplicable(f"not applicable: no output of {op.name} is narrower than fp32 in "
                             f"{str(dtype).replace('torch.', '')} (nothing is rounded to a narrower dtype)")
-    if backend.current() == "interpret" and all(op.output_dtypes.get(n, dtype) == torch.bfloat16 for n in outputs):
-        raise NotApplicable("not applicable here: the Triton interpreter truncates every fp32 -> bfloat16 store "
-                            "(its own conversion, not the kernel's); bfloat16 outputs are checked on a GPU")
+    if not judged_outputs(op, dtype):
+        raise NotApplicable("not applicable: bfloat16 outputs are not judged (on one H200, five correct plain-PyTorch "
+                            "controls that round intermediates to bfloat16 exceeded the bound: the statistic's "
+                            "symmetry assumption fails on bfloat16's coarse grid; docs/rounding-bias.md); float16 "
+                            "outputs are")
 
 
 # Value families whose elements share their values, or whose results do: a constant row,
@@ -242,7 +257,7 @@ def measure(case: Case, impl: Implementation, observe: Observe) -> tuple[int, di
     calls on reseeded inputs until every bound is at most DETECTABLE (or MAX_CALLS).
     ``observe(case, impl)`` runs one call: (outputs, fp64 reference, fp64 inputs, precision)."""
     op = OPS[case.op]
-    names = narrowing_outputs(op, getattr(torch, case.dtype))
+    names = judged_outputs(op, getattr(torch, case.dtype))
     pools = {n: _Pool() for n in names}
     delta = FALSE_ALARM / (len(DIRECTIONS) * max(len(names), 1))
     calls = 0
