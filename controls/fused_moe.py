@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tritoncheck.declarations import ExpectedFailure
 from tritoncheck.references.fused_moe import weight_groups
 from tritoncheck.references.quantisation import expand
 
@@ -78,3 +79,11 @@ for _fn in (expert_loop, sorted_grouped_fp32):
     _fn.dtypes = (torch.float32, torch.float16, torch.bfloat16)
     _fn.supports_backward = False
     _fn.uses_triton = False
+
+# Registry data (tritoncheck/registry.py): checks a control is expected to fail, with why.
+expert_loop.expected_failures = (
+    ExpectedFailure("unused_experts_never_read", (
+        "on CUDA, index_add_ adds the experts' outputs into y with atomics in x's dtype: two calls "
+        "differ in the last bits whatever the weights (seen on an H200 in float16: 1146 of 104832 "
+        "elements), and the property compares the two calls bit for bit"), backends=("cuda",), strict=False),
+)

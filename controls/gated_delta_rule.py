@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from tritoncheck.declarations import ExpectedFailure
 from tritoncheck.references.gated_delta_rule import resolved_scale, sequences
 
 _CHUNKS = (16, 32, 64)
@@ -81,3 +82,14 @@ torch_gated_delta_rule_chunked.chunk_sizes = _CHUNKS
 # Plain PyTorch: the Triton interpreter's limits (bf16 tl.dot) do not apply, and there is no backward
 # of their own beyond autograd through these loops.
 torch_gated_delta_rule_recurrent.uses_triton = torch_gated_delta_rule_chunked.uses_triton = False
+
+# Registry data: seen on an H200 (torch 2.11), not yet derived, so not strict.
+torch_gated_delta_rule_chunked.expected_failures = (
+    ExpectedFailure("gradients_match_reference", (
+        "on CUDA in float16 and bfloat16: dq off by 5.5x its allowance (q at 1e-3, v near fp16's largest "
+        "value, beta tiny), PyTorch's own result 2.9x closer: the chunked form's input-dtype products are "
+        "not in the gradient rule"), dtypes=("float16", "bfloat16"), backends=("cuda",), strict=False),
+    ExpectedFailure("split_in_two_carries_state", (
+        "on CUDA in float16: the carried final state off by 2.1x (k tiny, v near fp16's largest value)"),
+        dtypes=("float16",), backends=("cuda",), strict=False),
+)

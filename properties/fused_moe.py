@@ -493,7 +493,11 @@ register(OpSpec(
     # no bf16 tl.dot on the interpreter: bfloat16 runs there only for kernels that upcast first
     backend_limits=(BF16_DOT_ON_INTERPRETER,),
     declarations=(BF16_DOT_UPCAST,),
-    checks=generic_checks(grad=False) + (
+    # unbiased_rounding left out: the contract rounds h to x's dtype between the two GEMMs (as
+    # vLLM and HF keep it), so y's error is a sum of narrow roundings, not one store of an fp32
+    # result, and the statistic's symmetry assumption fails on correct code (the kernel and both
+    # controls, 1.2-1.9x its bound in float16 on the CPU; 388 s of interpreter time per test)
+    checks=tuple(c for c in generic_checks(grad=False) if c.name != "unbiased_rounding") + (
         Check("token_permutation_equivariant", token_permutation_equivariant,
               cases=lambda op, dtype: op.cases(dtype, min_tokens=2)),
         Check("unused_experts_never_read", unused_experts_never_read,
