@@ -493,7 +493,9 @@ register(OpSpec(
     controls=("tritoncheck.controls.ssd_scan:torch_ssd_scan_recurrent",
               "tritoncheck.controls.ssd_scan:torch_ssd_scan_chunked"),
     baseline=control_baseline("tritoncheck.controls.ssd_scan:torch_ssd_scan_recurrent"),
-    large_problem=LargeProblem(_large, "rows", ("x", "dt", "B", "C", "initial_state")),
+    # A, D and dt_bias are per head: their gradients sum over every row, run but not compared per slice
+    large_problem=LargeProblem(_large, "rows", ("x", "dt", "B", "C", "initial_state"),
+                               whole_sum_grads=("A", "D", "dt_bias")),
     bad_input=BadInput(
         _valid,
         tensor_spoilers("x", fixed_rank=True) + tensor_spoilers("dt", fixed_rank=True)

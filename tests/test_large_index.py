@@ -139,7 +139,10 @@ def test_an_int32_row_offset_is_caught(op, mutant):
 
 
 @pytest.mark.parametrize("op", ["swiglu", "layer_norm", "dropout_residual_layer_norm", "paged_decode_attention",
-                                "scaled_mm", "fused_moe"])
+                                "scaled_mm", "fused_moe",
+                                # the scans' small problems cost 40-100 CPU-s under the interpreter: slow tier
+                                pytest.param("gated_delta_rule", marks=pytest.mark.slow),
+                                pytest.param("ssd_scan", marks=pytest.mark.slow)])
 def test_the_slicing_and_comparison_work_at_a_small_size(op, monkeypatch):
     """The machinery of the check, on every backend: a few thousand elements instead of
     2**31, the project's kernel, slices compared with their fp64 reference."""

@@ -175,10 +175,11 @@ def check(op: str, impl: Implementation, dtype: torch.dtype, device: torch.devic
     for name, allowed in (impl.limits.values.items() if impl.limits else ()):
         if name in values and values[name] not in allowed:
             values[name] = allowed[0]  # a value its declared limits exclude: the problem at one they allow
-    grads_wanted = bool(spec.grad_inputs) and impl.supports_backward
-    for name in spec.grad_inputs if grads_wanted else ():
-        if values.get(name) is not None:  # an optional input the large problem leaves out (None)
-            values[name] = values[name].detach().requires_grad_(True)
+    # the gradients of the inputs the problem passes (an optional one it leaves out is None)
+    grad_inputs = tuple(n for n in spec.grad_inputs if isinstance(values.get(n), torch.Tensor))
+    grads_wanted = bool(grad_inputs) and impl.supports_backward
+    for name in grad_inputs if grads_wanted else ():
+        values[name] = values[name].detach().requires_grad_(True)
     budget = declarations.memory_budget(getattr(impl.fn, "memory_budget", None), impl.name)
     sizes = [v.numel() * v.element_size() for v in values.values() if isinstance(v, torch.Tensor)]
     if device.type == "cuda":
@@ -189,9 +190,9 @@ def check(op: str, impl: Implementation, dtype: torch.dtype, device: torch.devic
         outs = impl.outputs(impl.call(values, spec.arguments))
         if grads_wanted:
             dys = {n: randn(outs[n].shape, outs[n].dtype, device) for n in spec.grad_outputs}
-            got = torch.autograd.grad([outs[n] for n in spec.grad_outputs], [values[a] for a in spec.grad_inputs],
+            got = torch.autograd.grad([outs[n] for n in spec.grad_outputs], [values[a] for a in grad_inputs],
                                       [dys[n] for n in spec.grad_outputs])
-            grads = dict(zip(spec.grad_inputs, got))
+            grads = dict(zip(grad_inputs, got))
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
@@ -226,7 +227,7 @@ def check(op: str, impl: Implementation, dtype: torch.dtype, device: torch.devic
         assert_close(name, got, expected[name], allowed[name], what=f"past 2**31 elements ({where}, slices {index})",
                      dtype=out_dtype, record=False)
     if grads_wanted:
-        _compare_grads(spec, problem, case, sub, {n: cut(n, d) for n, d in dys.items()},
+        _compare_grads(spec, grad_inputs, case, sub, {n: cut(n, d) for n, d in dys.items()},
                        {n: cut(n, g) for n, g in grads.items() if n not in problem.whole_sum_grads},
                        impl, where, index)
     return len(index)
@@ -243,17 +244,17 @@ def _within_budget(name: str, budget: float, peak: int, arguments: int, made: li
                              f"{_gib(arguments)} ({_gib(budget * arguments)})")
 
 
-def _compare_grads(spec, problem, case, sub, dys, grads, impl, where, index) -> None:
+def _compare_grads(spec, grad_inputs, case, sub, dys, grads, impl, where, index) -> None:
     args64 = {k: (v.detach().to("cpu", torch.float64 if v.dtype.is_floating_point else v.dtype)
-                  .requires_grad_(k in spec.grad_inputs) if isinstance(v, torch.Tensor) else v)
+                  .requires_grad_(k in grad_inputs) if isinstance(v, torch.Tensor) else v)
               for k, v in sub.items()}
     outs64 = spec.unpack(spec.torch_reference(*(args64[a] for a in spec.arguments)))
-    grads64 = torch.autograd.grad([outs64[n] for n in spec.grad_outputs], [args64[a] for a in spec.grad_inputs],
+    grads64 = torch.autograd.grad([outs64[n] for n in spec.grad_outputs], [args64[a] for a in grad_inputs],
                                   [dys[n].to("cpu", torch.float64) for n in spec.grad_outputs])
     np_in = {k: to_numpy(v) if isinstance(v, torch.Tensor) else v for k, v in args64.items()}
     np_in.update({f"d{n}": to_numpy(d) for n, d in dys.items()})
     np_out = {k: to_numpy(v) for k, v in outs64.items()}
-    np_grads = {n: to_numpy(g) for n, g in zip(spec.grad_inputs, grads64)}
+    np_grads = {n: to_numpy(g) for n, g in zip(grad_inputs, grads64)}
     allowed = spec.grad_tolerance(case, np_in, np_out, np_grads, generic.precision(impl, case))
     for name, got in grads.items():
         assert_close(f"d{name}", got, np_grads[name], allowed[f"d{name}"],
