@@ -290,6 +290,21 @@ def test_a_sum_past_fp32_range_marks_the_evaluation():
     assert not evaluation.overflow
 
 
+def test_an_operation_on_another_thread_sees_the_evaluation():
+    """On CUDA, autograd runs a backward on a device thread of its own (a tracked gradient of
+    the bf16 matmul example raised 'used outside tracking()' on an H200): the evaluation's
+    units reach every thread of the process."""
+    import threading
+    units = rounding.Units(accumulate=2.0**-24, dot=2.0**-24)
+    found = {}
+    with rounding.tracking(units):
+        t = rounding.track(torch.full((4,), 1.0 / 3.0, dtype=torch.float64), torch.float32)
+        worker = threading.Thread(target=lambda: found.setdefault("y", t * 3.0))
+        worker.start()
+        worker.join()
+    assert float(found["y"].err.max()) > 0
+
+
 # ------------------------------------------------------------ discovery
 
 def test_pyproject_names_the_op_modules(tmp_path, monkeypatch):

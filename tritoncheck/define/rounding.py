@@ -51,7 +51,6 @@ reference takes on a value within its error of the threshold (``where(x > 0, ...
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -116,8 +115,23 @@ class Evaluation:
     overflow: bool = False
 
 
-_units: contextvars.ContextVar[Units | None] = contextvars.ContextVar("rounding_units", default=None)
-_evaluation: contextvars.ContextVar[Evaluation | None] = contextvars.ContextVar("rounding_evaluation", default=None)
+class _Active:
+    """The evaluation in progress and its units, for every thread of the process: on CUDA,
+    autograd runs a backward on its own device thread, which a context variable set by the
+    caller does not reach (a tracked gradient on the GPU raised 'used outside tracking()').
+    One evaluation at a time per process; the caller waits for its backward."""
+
+    def __init__(self) -> None:
+        self.stack: list[tuple[Units, Evaluation]] = []
+
+    def get_units(self) -> Units | None:
+        return self.stack[-1][0] if self.stack else None
+
+    def get_evaluation(self) -> Evaluation | None:
+        return self.stack[-1][1] if self.stack else None
+
+
+_active = _Active()
 
 
 def _sanitise(e: torch.Tensor) -> torch.Tensor:
@@ -154,7 +168,7 @@ class Tracked(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        units = _units.get()
+        units = _active.get_units()
         if units is None:
             raise RuntimeError("a Tracked tensor was used outside tritoncheck.define.rounding.tracking()")
         out = _dispatch(func, args, kwargs, units)
@@ -177,12 +191,11 @@ def values_of(tree):
 def tracking(units: Units) -> Iterator[Evaluation]:
     """Inside, ops on :class:`Tracked` tensors carry their bounds with these units."""
     evaluation = Evaluation()
-    tokens = _units.set(units), _evaluation.set(evaluation)
+    _active.stack.append((units, evaluation))
     try:
         yield evaluation
     finally:
-        _units.reset(tokens[0])
-        _evaluation.reset(tokens[1])
+        _active.stack.pop()
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -218,7 +231,7 @@ def _wrap(value, err, nominal: torch.dtype | None) -> Any:
     if err.shape != value.shape:
         err = err.expand(value.shape).contiguous()
     err = _sanitise(err)
-    ev = _evaluation.get()
+    ev = _active.get_evaluation()
     if ev is not None and not ev.overflow and value.numel():
         finite = torch.isfinite(value)
         if bool((finite & (value.abs() > F32_MAX)).any()):
@@ -246,11 +259,11 @@ def _composite(decomposition: Callable, args, kwargs, units: Units):
     """A composite op as PyTorch eager runs it: one kernel whose inside is at least fp32
     (its decomposition evaluated so), its result rounded once to its nominal dtype."""
     nominal = _nominal((args, kwargs))
-    token = _units.set(dataclasses.replace(units, inside=True))
+    _active.stack.append((dataclasses.replace(units, inside=True), _active.get_evaluation()))
     try:
         out = decomposition(*args, **kwargs)
     finally:
-        _units.reset(token)
+        _active.stack.pop()
 
     def rounded(t):
         if not isinstance(t, Tracked):
@@ -509,7 +522,7 @@ def _product(a_abs, b_abs, ea, eb, k: int, units: Units, mm) -> torch.Tensor:
 def _flag_overflow(magnitude: torch.Tensor, units: Units) -> None:
     """Mark the evaluation when a sum's magnitudes pass fp32's largest value: its partial
     sums may overflow an fp32 accumulator though the result is finite (cancelling terms)."""
-    ev = _evaluation.get()
+    ev = _active.get_evaluation()
     if ev is not None and not units.exact and not ev.overflow and magnitude.numel():
         ev.overflow = bool(((magnitude > F32_MAX) & torch.isfinite(magnitude)).any())
 
@@ -545,7 +558,7 @@ def _perturbed(func, args, kwargs, units: Units):
     value = _plain(func, args, kwargs)
     if not (isinstance(value, torch.Tensor) and value.dtype.is_floating_point):
         return value
-    ev = _evaluation.get()
+    ev = _active.get_evaluation()
     if ev is not None:
         ev.perturbed.add(str(_packet(func)))
     values = list(values_of(args))
