@@ -151,3 +151,21 @@ def test_contrast_needs_accepted_inputs_and_prefers_one_value():
     assert contrast(registry.OPS["linear_attention"], raised, []) == []
     splits = contrast(registry.OPS["linear_attention"], raised, [_attention_case(9, True, n=17)])
     assert splits[0].inside == "causal=False" and splits[0].holds(raised[0])
+
+
+def test_a_compilation_error_names_the_source_line_and_the_error_it_wraps():
+    """Triton's CompilationError reads "at 52:20:" on its first line, then the source and a
+    caret; the error inside (a bare AssertionError in tl.dot, seen on an H200) is its cause.
+    The verdict's line shows the pointed-at source line and the cause."""
+    class CompilationError(Exception):
+        pass
+
+    try:
+        try:
+            raise AssertionError()
+        except AssertionError as inner:
+            raise CompilationError("at 52:20:\n    k_ok = ks < K\n    acc_k = _dot(a, b, acc_k)\n"
+                                   "            ^\n") from inner
+    except CompilationError as exc:
+        assert unrunnable.one_line(exc) == "CompilationError: at 52:20: acc_k = _dot(a, b, acc_k) (AssertionError)"
+    assert unrunnable.one_line(ValueError("x: rows of 5\nsecond line")) == "ValueError: x: rows of 5"

@@ -62,9 +62,28 @@ def signature(exc: BaseException) -> tuple[str, str]:
     return f"{kind.__module__}.{kind.__qualname__}", _NUMBER.sub("#", _DTYPE.sub("<dtype>", first))
 
 
+_COMPILE_LOCATION = re.compile(r"at \d+:\d+:")
+
+
+def headline(exc: BaseException) -> str:
+    """The first line of ``exc``'s message; for Triton's CompilationError, whose first line is
+    only a location (``at 52:20:``, the source and a caret following), also the source line
+    it points at and the error it wraps (a bare ``AssertionError`` inside ``tl.dot``, say):
+    without them a verdict said "raised CompilationError: at 52:20:" and nothing more."""
+    lines = str(exc).strip().splitlines()
+    first = lines[0] if lines else ""
+    if _COMPILE_LOCATION.fullmatch(first.strip()):
+        caret = next((i for i, line in enumerate(lines) if line.strip() == "^"), None)
+        where = lines[caret - 1].strip() if caret else ""
+        cause = exc.__cause__
+        why = (f"{type(cause).__name__}: {headline(cause)}".rstrip(": ") if cause is not None else "")
+        first = " ".join(p for p in (first, where, f"({why})" if why else "") if p)
+    return first
+
+
 def one_line(exc: BaseException) -> str:
     """``Type: first line of the message``, as the report counts it."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    first = headline(exc)
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
@@ -165,7 +184,7 @@ class Record:
         found = self.raised.get(sig)
         if found is None:
             frames = refusals.code_under_test_traceback(exc, TRACEBACK_FRAMES)
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            first = headline(exc)
             found = self.raised[sig] = Raised(
                 sig[0], first, [], frames, replay, import_error=isinstance(exc, ImportError),
                 interpreter=self.backend == "interpret" and sig[0].endswith(f".{INTERPRETER_ERROR}"),
