@@ -11,7 +11,9 @@ def quantize_fp8_torch(x):
     """Per-block e4m3 quantisation of x's rows (ops.quantize_fp8's contract)."""
     qs, scales = [], []
     for block in x.float().split(QBLOCK, dim=1):
-        scale = (block.abs().amax(dim=1, keepdim=True) / 448.0).clamp(min=SCALE_FLOOR)
+        amax = block.abs().amax(dim=1, keepdim=True)
+        # divided by a tensor: PyTorch's CUDA division by a Python number multiplies by its reciprocal
+        scale = (amax / torch.full_like(amax, 448.0)).clamp(min=SCALE_FLOOR)
         qs.append((block / scale).to(torch.float8_e4m3fn))
         scales.append(scale)
     return torch.cat(qs, dim=1), torch.cat(scales, dim=1)

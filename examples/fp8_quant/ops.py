@@ -44,7 +44,11 @@ def quantize_fp8(x):
     """Per-block e4m3 quantisation: in fp32, scale = max(amax / 448, 2**-126) per 128 columns, q = RNE(x / scale)."""
     m, k = x.shape
     blocks = _blocks(x.float(), k)  # x's values are fp32 values: the cast is exact
-    scale = torch.clamp(blocks.abs().amax(dim=-1) / E4M3_MAX, min=SCALE_FLOOR)  # fp32 division, rounded to nearest
+    amax = blocks.abs().amax(dim=-1)
+    # fp32 division, rounded to nearest: by a tensor, not the Python number 448, which PyTorch's
+    # CUDA division turns into a product with its reciprocal (1 ulp off: an H200 run failed the
+    # correctly rounded kernel's scale against this reference evaluated on the GPU)
+    scale = torch.clamp(amax / torch.full_like(amax, E4M3_MAX), min=SCALE_FLOOR)
     q = (blocks / scale[..., None]).to(torch.float8_e4m3fn)  # fp32 division, then round to nearest even
     return q.reshape(m, -1)[:, :k], scale
 
