@@ -93,22 +93,9 @@ for part in "$@"; do
     grep -h "^| [a-z]" "$OUT"/gpu/rule-audit-*.log | grep -v "^| op" | sort -t'|' -k9 -gr | head -n 10 \
         | tee -a "$OUT/gpu/run.log"
     grep -h "^FAILED" "$OUT"/gpu/rule-audit-*.log | tee -a "$OUT/gpu/run.log" ;;
-  op:*)
-    name=${part#op:}
-    log "$name: the gpu profile, its kernel tests, its self-test, its large-index check"
-    timeout -s INT -k 10 "${OP_SUITE_S:-110}" python3 -m pytest tests/test_checks.py --op "$name" --shapes 1 \
-        -n "$WORKERS" --hypothesis-profile gpu --max-examples "${EXAMPLES:-25}" --report-dir "$OUT/gpu/$name-report" \
-        -q -rfs --tb=short -p no:randomly > "$OUT/gpu/$name-suite.log" 2>&1
-    echo "$name suite exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu/run.log"; tail -n 40 "$OUT/gpu/$name-suite.log"
-    timeout -s INT -k 10 40 python3 -m pytest "tests/test_${name}_kernel.py" -n 4 -q --tb=short \
-        -p no:randomly > "$OUT/gpu/$name-kernel.log" 2>&1
-    echo "$name kernel tests exit $?" | tee -a "$OUT/gpu/run.log"; tail -n 3 "$OUT/gpu/$name-kernel.log"
-    timeout -s INT -k 10 "${OP_SELF_S:-70}" python3 -m pytest tests/test_selfcheck.py -k "$name" \
-        -n "$WORKERS" -q -rfsx --tb=short -p no:randomly > "$OUT/gpu/$name-selfcheck.log" 2>&1
-    echo "$name self-test exit $?" | tee -a "$OUT/gpu/run.log"; grep -E "kill rate|passed|failed" "$OUT/gpu/$name-selfcheck.log" | tail -3
-    timeout -s INT -k 10 "${OP_LARGE_S:-70}" python3 -m pytest tests/test_large_index.py -m large -k "$name" \
-        -q -rs --tb=short -p no:randomly > "$OUT/gpu/$name-large.log" 2>&1
-    echo "$name large-index exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu/run.log"; tail -n 6 "$OUT/gpu/$name-large.log" ;;
+  op:*)  # one op alone, as scripts/gpu_family.sh runs it (its logs in $OUT/gpu/NAME/)
+    OUT="$OUT/gpu" bash scripts/gpu_family.sh "${part#op:}"
+    echo "${part#op:} exit $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu/run.log" ;;
   *) echo "unknown part $part (suite, kernels, impl, selfcheck, large, slow, numerics, op:NAME)"; exit 2 ;;
   esac
 done

@@ -234,10 +234,9 @@ class Target:
         with ``error`` (tritoncheck/worker_crashes.py): every later call would raise it again,
         so Hypothesis's shrinking means nothing. It names the error, the case and its replay."""
         path = save_failure(self, case)
-        raised = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return worker_crashes.ContextBroken(
             f"{self.id}: {self.check.name} broke the CUDA context of this process for {self.impl.name}: {error}\n"
-            f"raised as: {type(exc).__name__}: {raised}\non the last case it started:\n{case.describe()}\n"
+            f"raised as: {unrunnable.one_line(exc)}\non the last case it started:\n{case.describe()}\n"
             f"replay: python -m tritoncheck.replay {path}\n(CUDA reports a kernel's error at a later call: run the "
             "replay with CUDA_LAUNCH_BLOCKING=1 to see which launch raised it)")
 
