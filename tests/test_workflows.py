@@ -76,7 +76,7 @@ def test_the_commit_tier_and_the_nightly_tier_together_run_every_test():
     """.ci/run runs every test not marked slow, the nightly workflow every test marked slow,
     both over the whole of testpaths (no file named): together, every test on the CPU."""
     ci = _pytest_lines((ROOT / ".ci" / "run").read_text())
-    assert ci == ['python -m pytest -n 2 -m "not slow"'], ci
+    assert ci == ['python -m pytest -m "not slow" -n 2'], ci  # the README's command 2, as it is written there
     tox = _tox()
     nightly = (ROOT / ".github" / "workflows" / "nightly.yml").read_text()
     slow = [line for env in re.findall(r"tox -e ([\w-]+)", nightly)
