@@ -14,7 +14,7 @@ with a scale of its own. A scale axis of size 1 is read with stride 0 (broadcast
 One program per ``[BLOCK_M, BLOCK_N]`` tile of ``c`` walks K in steps of ``BLOCK_K`` (which
 divides 128, so a step never straddles two scale blocks):
 
-* scales constant along K (per tensor, row, column): ``acc = tl.dot(a, b, acc)`` over the
+* scales constant along K (per tensor, row, column): ``acc += a @ b`` (``tl.dot``) over the
   whole of K (fp8: fp32 accumulator; int8: int32, exact), then ``acc * (sa sb)``;
 * a scale that varies along K (a block scale on either side): each step's ``tl.dot(a, b)``
   is scaled by that block's ``sa sb`` and added into an fp32 accumulator.
@@ -72,7 +72,10 @@ def _dot(a, b, acc, IS_INT: tl.constexpr, IMPRECISE: tl.constexpr, UPCAST: tl.co
     promoted to fp32 every IMPRECISE products; UPCAST (e5m2 under the interpreter, whose fp8
     tl.dot misreads e5m2 subnormals): the operands converted to fp32 first (exact), an fp32 dot."""
     if IS_INT:
-        return tl.dot(a, b, acc)
+        # not tl.dot(a, b, acc): compiling for the GPU (not under the interpreter), Triton 3.6's
+        # semantic.dot fails a bare assertion on an int8 dot given an int32 accumulator (found on
+        # sm_90); the sum is exact in int32 either way
+        return acc + tl.dot(a, b, out_dtype=tl.int32)
     elif UPCAST:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
