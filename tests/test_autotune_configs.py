@@ -6,7 +6,9 @@ import torch
 import triton
 import triton.language as tl
 
-from tritoncheck import autotune_configs
+from tritoncheck import autotune_configs, backend
+
+DEVICE = backend.device()  # the kernels below launch on the GPU when there is one, as the suite's do
 
 CONFIGS = [triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 64})]
 
@@ -19,7 +21,7 @@ def _write_block(out_ptr, n, BLOCK: tl.constexpr):
 
 
 def write_block(n: int = 8) -> int:
-    out = torch.zeros(n, dtype=torch.int32)
+    out = torch.zeros(n, dtype=torch.int32, device=DEVICE)
     _write_block[(1,)](out, n)
     return int(out[0])
 
@@ -101,7 +103,7 @@ def _write_block_too_big(out_ptr, n, BLOCK: tl.constexpr):
 
 
 def write_block_too_big(n: int = 8) -> int:
-    out = torch.zeros(n, dtype=torch.int32)
+    out = torch.zeros(n, dtype=torch.int32, device=DEVICE)
     _write_block_too_big[(1,)](out, n)
     return int(out[0])
 
@@ -143,7 +145,7 @@ def _add_block(out_ptr, n, BLOCK: tl.constexpr):
 
 
 def add_block(n: int = 8) -> int:
-    out = torch.zeros(n, dtype=torch.int32)
+    out = torch.zeros(n, dtype=torch.int32, device=DEVICE)
     _add_block[(1,)](out, n)
     return int(out[0])
 
@@ -168,9 +170,23 @@ def test_autotuning_inside_a_pin_sees_every_config_and_gives_the_pin_back():
         assert autotune_configs.config_count(add_block) == 2
         with autotune_configs.autotuning(add_block, 0) as chosen:
             add_block()
-        assert chosen[id(_add_block)] is ACCUMULATING[0]
+        assert chosen[id(_add_block)].kwargs == ACCUMULATING[0].kwargs, chosen[id(_add_block)]
         assert _add_block.configs == [ACCUMULATING[0]] and add_block() == 16
     assert _add_block.configs == ACCUMULATING
+
+
+def test_autotuning_does_not_answer_from_triton_s_disk_cache(monkeypatch):
+    # on a GPU with TRITON_CACHE_AUTOTUNING (or cache_results=True), Triton answers a known key
+    # from an earlier run's timings on disk and never calls the emulated clock
+    def stale(self, tuning_key, configs, bench_fn):
+        self.cache[tuning_key] = configs[1]
+        return True
+    monkeypatch.setattr(type(_add_block), "check_disk_cache", stale)
+    monkeypatch.setattr(_add_block, "cache_results", True)
+    with autotune_configs.autotuning(add_block, 0) as chosen:
+        add_block()
+    assert chosen[id(_add_block)].kwargs == ACCUMULATING[0].kwargs
+    assert _add_block.cache_results is True
 
 
 def test_the_agreement_check_fails_an_autotuned_kernel_that_needs_reset_to_zero():

@@ -189,6 +189,11 @@ def _timed_as(kernel: Autotuner, fastest: int, chosen: dict) -> Iterator[None]:
     for attribute in own:
         delattr(kernel, attribute)  # the Autotuner's own run (a pin's is an instance attribute)
     kernel._bench, kernel.do_bench = bench, do_bench
+    # Triton's on-disk autotuning cache (cache_results, TRITON_CACHE_AUTOTUNING; never under the
+    # interpreter) would answer from an earlier run's timings, never calling this clock: found on
+    # an H200, where a second block chose the first block's winner
+    disk_cache = vars(kernel).get("cache_results")
+    kernel.cache_results = False
     kernel.configs = configs
     kernel.cache.clear()
     kernel.best_config = None  # set by the Autotuner's run: None if the block never launched it
@@ -197,6 +202,10 @@ def _timed_as(kernel: Autotuner, fastest: int, chosen: dict) -> Iterator[None]:
     finally:
         chosen[id(kernel)] = kernel.best_config
         del kernel._bench, kernel.do_bench
+        if disk_cache is None:
+            del kernel.cache_results  # an older Triton's Autotuner, without the attribute
+        else:
+            kernel.cache_results = disk_cache
         for attribute, value in own.items():
             setattr(kernel, attribute, value)
         kernel.configs = narrowed
