@@ -85,7 +85,7 @@ def main() -> int:
                 next(c for c in op.checks if c.name == "unbiased_rounding").cases(op, dtype)
             except (NotApplicable, StopIteration):
                 continue
-            if backend.limit_for(op.name, dtype, impl.fn) or impl.unsupported(dtype):
+            if backend.limit_for(op, dtype, impl.fn) or impl.unsupported(dtype):
                 continue
             jobs.append((op, impl, role, dtype))
     wrong = 0
