@@ -33,6 +33,14 @@ ESTIMATES = {
     "": ("every test, both tiers", "30 minutes"),
 }
 SMOKE_OP, SMOKE_DTYPE = "softmax", "float32"
+# Every commit's tier runs the suite's checks (and the other tests that draw from the run's
+# profile) at the ci profile's first 5 derandomized draws, not its 10: the same draws on
+# every commit, so the other 5 add a fixed set of cases, not a fresh hunt, and they cost
+# about 400 CPU-seconds of the tier (half the suite's checks' time under the interpreter,
+# measured: attention and layer_norm's 37 commit checks in 86 s at 5 against 145 s at 10).
+# The slow tier, the GPU run and a user's run keep their profile's count; the planted bugs'
+# hunts (tests/test_selfcheck.py) set their own.
+COMMIT_TIER_EXAMPLES = 5
 
 
 def pytest_report_header(config):
@@ -43,6 +51,15 @@ def pytest_report_header(config):
     selection = f'-m "{expression}"' if expression else "no -m"
     return (f"tritoncheck tests ({selection}): {what}; about {duration} on 2 idle CPU cores, longer on a busy "
             "machine (docs/ci.md, Test tiers)")
+
+
+def pytest_configure(config):
+    """-m "not slow" without --max-examples, a profile or --impl: the commit tier's count.
+    Before the plugin's own pytest_configure (trylast), which caps the profile with it."""
+    expression = (config.getoption("markexpr", "") or "").strip()
+    if (expression == "not slow" and config.getoption("--max-examples", None) is None
+            and not config.getoption("hypothesis_profile", None) and not config.getoption("--impl", None)):
+        config.option.max_examples = COMMIT_TIER_EXAMPLES
 
 
 def _project_check(item):

@@ -70,16 +70,22 @@ def test_the_valid_calls_are_accepted(op):
 
 # ------------------------------------------------------------ the suite's own options
 
+# a process each (about 7 CPU-s): three on every commit, one per way an option is read (a name
+# looked up, a module imported, a directory written), the others' own messages in the slow tier
+_SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize("options, words", [
     (["--op", "nope"], "--op nope: unknown"),
-    (["--dtype", "float64"], "--dtype float64"),
-    (["--dtype", "fp16"], "unknown dtype 'fp16'"),
-    (["--impl", "softmax"], "expected OP=package.module:function"),
-    (["--impl", "nope=tritoncheck.controls.softmax:torch_softmax"], "unknown op 'nope'"),
+    pytest.param(["--dtype", "float64"], "--dtype float64", marks=_SLOW),
+    pytest.param(["--dtype", "fp16"], "unknown dtype 'fp16'", marks=_SLOW),
+    pytest.param(["--impl", "softmax"], "expected OP=package.module:function", marks=_SLOW),
+    pytest.param(["--impl", "nope=tritoncheck.controls.softmax:torch_softmax"], "unknown op 'nope'", marks=_SLOW),
     (["--impl", "softmax=no_such_module:f"], "cannot import 'no_such_module'"),
-    (["--impl", "softmax=tritoncheck.controls.softmax:torch_softmax", "--op", "rope"], "selects none of the ops"),
-    (["--hypothesis-profile", "nope"], "--hypothesis-profile 'nope': unknown"),
-    (["--max-examples", "0"], "--max-examples 0"),
+    pytest.param(["--impl", "softmax=tritoncheck.controls.softmax:torch_softmax", "--op", "rope"],
+                 "selects none of the ops", marks=_SLOW),
+    pytest.param(["--hypothesis-profile", "nope"], "--hypothesis-profile 'nope': unknown", marks=_SLOW),
+    pytest.param(["--max-examples", "0"], "--max-examples 0", marks=_SLOW),
     (["--report-dir", "/proc/no-such-dir"], "--report-dir '/proc/no-such-dir': cannot write there"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_a_bad_option_is_a_usage_error_with_a_message(options, words):

@@ -354,6 +354,7 @@ def _tritoncheck(cwd: Path, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=900)
 
 
+@pytest.mark.slow  # 29 CPU-s; every commit: .ci/run's scripts/installed_user_op_demo.sh does the same, installed
 def test_a_users_op_end_to_end_from_its_own_directory(tmp_path):
     """Defined in the user's package, found through pyproject, the correct kernel passes and
     the K-tail bug fails with a replay command that reproduces it from there."""

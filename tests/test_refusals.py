@@ -17,6 +17,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 MODULE = "tests.refusing_kernels"
 
@@ -105,6 +107,7 @@ def test_refusals_fail_option(tmp_path):
     assert "refused the input: ValueError: x: rows of" in out
 
 
+@pytest.mark.slow  # 41 CPU-s; every commit: an undeclared ValueError fails with its traceback (test_softmax_refusals)
 def test_the_typo_is_a_failure_with_its_traceback(tmp_path):
     """Issue 24: rows past 64 go through torch.softmax(..., dtpye=...), a TypeError on
     every long row. Any TypeError used to be a refusal, discarded for --impl users:
@@ -137,6 +140,7 @@ def test_a_test_too_few_examples_reached_is_not_passed(tmp_path):
     assert "this kernel has already run once" in out
 
 
+@pytest.mark.slow  # 41 CPU-s; every commit: declared limits steer every check in process (tests/test_declarations.py)
 def test_attention_head_dims_and_causal_only(tmp_path):
     outcomes, report, out = run_suite(tmp_path, "attention", ["attention_narrow_refuses", "attention_narrow_declared",
                                                               "attention_inference_declared"],
@@ -165,6 +169,7 @@ def test_attention_head_dims_and_causal_only(tmp_path):
     assert _refused(report, "attention_inference_declared") == 0
 
 
+@pytest.mark.slow  # 25 CPU-s; every commit: refusals counted (test_softmax_refusals), dtype limits steer (test_declarations)
 def test_rope_tables_in_x_dtype_only(tmp_path):
     outcomes, report, out = run_suite(tmp_path, "rope", ["rope_same_dtype_refuses", "rope_same_dtype_declared"],
                                       ["float16"], "-k", "matches_reference")
@@ -174,6 +179,7 @@ def test_rope_tables_in_x_dtype_only(tmp_path):
     assert _refused(report, "rope_same_dtype_refuses") > 0
 
 
+@pytest.mark.slow  # 21 CPU-s; every commit: declared limits steer every check, one whose cases they exclude skipped (test_declarations)
 def test_a_check_that_needs_an_excluded_value_is_skipped_up_front(tmp_path):
     """last_causal_equals_bidirectional calls both masks: a causal-only kernel is skipped
     with the reason before any example, the other checks run inside its limits."""
@@ -210,6 +216,7 @@ def test_a_partial_domain_error_is_reported_where_it_occurred_and_the_rest_is_ju
     assert "inputs the implementations raised on" in out  # the run's summary
 
 
+@pytest.mark.slow  # 16 CPU-s; every commit: the partial-domain report on rope (the test above)
 def test_a_causal_only_linear_attention_is_judged_on_its_causal_inputs(tmp_path):
     outcomes, report, out = run_suite(tmp_path, "linear_attention", ["linear_attention_causal_only"], ["float32"],
                                       "-k", "matches_reference or last_causal", examples=6)
