@@ -255,7 +255,8 @@ def scale_block_invariant(case: Case, impl: Implementation) -> None:
     128 block of ``b``, a column, a whole operand) by ``f = 2^t`` and dividing that scale by
     ``f`` changes nothing, bit for bit: the dequantised operands are the same numbers, and
     a power of two scales every product, partial sum and rounding of that group exactly
-    (fp32 and the fp8 accumulator alike; fp8 subnormals are left out, :func:`_scaled_region`). A kernel that reads a block's scale for another
+    (fp32 and the fp8 accumulator alike; the block's fp8 subnormals are raised to the smallest
+    normal first: the tensor core's fp8 dot of subnormal operands is not invariant). A kernel that reads a block's scale for another
     block's values (the last, short block's scale from the one before) moves. The group is
     the last along K half the time (the short block of a K not a multiple of 128)."""
     values = case.materialise(backend.device())
