@@ -34,13 +34,15 @@ ESTIMATES = {
 }
 SMOKE_OP, SMOKE_DTYPE = "softmax", "float32"
 # Every commit's tier runs the suite's checks (and the other tests that draw from the run's
-# profile) at the ci profile's first 5 derandomized draws, not its 10: the same draws on
-# every commit, so the other 5 add a fixed set of cases, not a fresh hunt, and they cost
-# about 400 CPU-seconds of the tier (half the suite's checks' time under the interpreter,
-# measured: attention and layer_norm's 37 commit checks in 86 s at 5 against 145 s at 10).
-# The slow tier, the GPU run and a user's run keep their profile's count; the planted bugs'
+# profile) at the ci profile's first 3 derandomized draws, not its 10, besides the length
+# classes each row-wide test runs first: the same draws on every commit, so more of them add a
+# fixed set of cases, not a fresh hunt, and each costs about a tenth of the checks' time
+# under the interpreter (measured, attention's and layer_norm's 37 commit checks on 2 cores:
+# 145 s at 10 examples, 86 s at 5, 57 s at 3). The commit tier is the regression net that
+# keeps every check of every op running and CI under 15 minutes; depth is the slow tier's and
+# the GPU run's, which keep their profile's count, as a user's run does. The planted bugs'
 # hunts (tests/test_selfcheck.py) set their own.
-COMMIT_TIER_EXAMPLES = 5
+COMMIT_TIER_EXAMPLES = 3
 
 
 def pytest_report_header(config):
