@@ -28,10 +28,10 @@ mkdir "$work/user" && cp -r "$repo/examples/user_project/kernels" "$work/user/"
 cd "$work/user"
 run() { echo "\$ $*"; "$@" > out.log 2>&1 && status=0 || status=$?; tail -n 3 out.log; return 0; }
 
-run tritoncheck softmax=kernels.softmax:softmax --dtype float32 --max-examples 10
+run tritoncheck softmax=kernels.softmax:softmax --dtype float32 --max-examples 5
 [ "$status" = 0 ] || { cat out.log; echo "FAIL: the correct softmax did not pass (exit $status)"; exit 1; }
 
-run tritoncheck softmax=kernels.softmax:softmax_off_by_a_tenth --dtype float32 --max-examples 10
+run tritoncheck softmax=kernels.softmax:softmax_off_by_a_tenth --dtype float32 --max-examples 5
 [ "$status" = 1 ] || { cat out.log; echo "FAIL: the wrong softmax did not fail (exit $status)"; exit 1; }
 replay="$(grep -m1 -oE 'python -m tritoncheck.replay reports/failures/[^ ]+\.json' out.log)"
 [ -n "$replay" ] || { cat out.log; echo "FAIL: no replay command printed"; exit 1; }
@@ -39,10 +39,10 @@ run $replay
 grep -q "FAILED" out.log || { cat out.log; echo "FAIL: the replay did not reproduce the failure"; exit 1; }
 [ "$status" = 1 ] || { echo "FAIL: the replay exited $status, not 1"; exit 1; }
 
-run python -m pytest --pyargs tritoncheck.suite --impl softmax=kernels.softmax:softmax --dtype float32 --max-examples 10
+run python -m pytest --pyargs tritoncheck.suite --impl softmax=kernels.softmax:softmax --dtype float32 --max-examples 5
 [ "$status" = 0 ] || { cat out.log; echo "FAIL: the correct softmax did not pass through pytest (exit $status)"; exit 1; }
 run python -m pytest --pyargs tritoncheck.suite --impl softmax=kernels.softmax:softmax_off_by_a_tenth \
-    --dtype float32 --max-examples 10
+    --dtype float32 --max-examples 5
 [ "$status" = 1 ] || { cat out.log; echo "FAIL: the wrong softmax did not fail through pytest (exit $status)"; exit 1; }
 echo "installed demo: 5 verdicts as expected"
 # a user's own op, defined with tritoncheck.op in the user's package (same environment)

@@ -77,8 +77,17 @@ def _example_ops(monkeypatch):
 
 
 def _params(kind: str):
-    return [pytest.param(impl, dtype, check, id=f"{impl.op}.{impl.name}-{str(dtype)[6:]}-{check.name}")
-            for impl in IMPLEMENTATIONS[kind] for dtype in OPS[impl.op].dtypes for check in OPS[impl.op].checks]
+    """Every (implementation, dtype, check); on every commit each check in one dtype (check i
+    in the op's i-th dtype, in turn, as tests/conftest.py tiers the suite's own checks), its
+    other dtypes in the slow tier."""
+    params = []
+    for impl in IMPLEMENTATIONS[kind]:
+        dtypes = OPS[impl.op].dtypes
+        for i, check in enumerate(OPS[impl.op].checks):
+            for j, dtype in enumerate(dtypes):
+                params.append(pytest.param(impl, dtype, check, id=f"{impl.op}.{impl.name}-{str(dtype)[6:]}-{check.name}",
+                                           marks=[] if j == i % len(dtypes) else [pytest.mark.slow]))
+    return params
 
 
 def _outside_fp32(verdict) -> bool:

@@ -18,6 +18,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from tritoncheck import backend, cli, registry, unrunnable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,6 +119,8 @@ def test_an_error_on_one_path_leaves_the_other_checks_their_own_verdicts(tmp_pat
             assert outcome == "passed", (test_id, outcome, proc.stdout[-3000:])
 
 
+@pytest.mark.slow  # 20 CPU-s; every commit: the command's quick profile passes a correct softmax and fails a
+# wrong one (test_cli's smoke test), padded_lanes_zero dies in the smoke tier's kills
 def test_quick_passes_a_correct_control_and_fails_a_planted_bug_with_its_values(tmp_path):
     """The quick profile keeps its power: the plain-PyTorch control passes every check, and
     softmax's padded_lanes_zero mutant fails on a wrong value (an AssertionError of a check,
