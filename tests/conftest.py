@@ -28,7 +28,7 @@ from tritoncheck.plugin import CHECK
 # measured and estimated as docs/ci.md says; printed before a run starts.
 ESTIMATES = {
     "smoke": ("command 1: a correct kernel passes, planted bugs are caught with a replay", "2 minutes"),
-    "not slow": ("every commit's CI tier", "17 minutes"),
+    "not slow": ("every commit's CI tier", "12 minutes"),
     "slow": ("the nightly tier (the other dtypes, the rest of the self-test)", "20 minutes"),
     "": ("every test, both tiers", "30 minutes"),
 }

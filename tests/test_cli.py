@@ -33,8 +33,11 @@ def user_dir(tmp_path) -> Path:
     return tmp_path
 
 
-# what this run's plugin set or a caller's shell may hold: the subprocess starts as a user's would
-_INHERITED = ("PYTHONPATH", "TRITON_INTERPRET", "TRITON_CACHE_AUTOTUNING")
+# what this run's plugin set or a caller's shell may hold: the subprocess starts as a user's would.
+# PYTHONDONTWRITEBYTECODE (set on the development machines): without cached bytecode each of the
+# command's processes compiles the package and pytest rewrites its ~200 modules again (6.1 CPU-s a
+# start-up, 3.5 with the cache); the smoke test's two commands took 68 s of README command 1's 188
+_INHERITED = ("PYTHONPATH", "TRITON_INTERPRET", "TRITON_CACHE_AUTOTUNING", "PYTHONDONTWRITEBYTECODE")
 
 
 def _run(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
