@@ -27,7 +27,7 @@ from tritoncheck.plugin import CHECK
 # Marker expression -> what it runs, and its duration on an idle 2-core CPU (Triton interpreter),
 # measured and estimated as docs/ci.md says; printed before a run starts.
 ESTIMATES = {
-    "smoke": ("command 1: a correct kernel passes, planted bugs are caught with a replay", "2 minutes"),
+    "smoke": ("command 1: a correct kernel passes, planted bugs are caught with a replay", "1.5 minutes"),
     "not slow": ("every commit's CI tier", "12 minutes"),
     "slow": ("the nightly tier (the other dtypes, the rest of the self-test)", "20 minutes"),
     "": ("every test, both tiers", "30 minutes"),
