@@ -13,8 +13,9 @@ runs (tests/test_workflows.py checks that the two commands stay so).
 
 The suite's checks of the project's kernels (tests/test_checks.py) are parametrised by the
 engine from the registry, so their tier is a rule here rather than a decorator: every check
-of every op runs on every commit in one dtype, the dtypes taken in turn along the op's checks
-(check i in the i-th of the dtypes it runs in here, modulo their number), so that every
+of every op runs on every commit in one dtype (at COMMIT_TIER_EXAMPLES examples, below), the
+dtypes taken in turn along the op's checks (check i in the i-th of the dtypes it runs in
+here, modulo their number), so that every
 dtype of every op is exercised too; its other dtypes are ``slow``. Softmax in float32 is
 also ``smoke``. A user's ``--impl`` run is never tiered.
 """
