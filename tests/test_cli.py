@@ -124,7 +124,9 @@ def test_through_pytest_a_failure_shows_the_code_under_test_not_the_suites(user_
     shutil.copy(ROOT / "tests" / "demo_buggy.py", user_dir)
     done = _run(["-m", "pytest", "-p", "tritoncheck.plugin", "--pyargs", "tritoncheck.suite", "--confcutdir",
                  str(ROOT / "tritoncheck"), "-p", "no:xdist", "--impl", "softmax=demo_buggy:softmax", *CHEAP,
-                 "-k", "matches_reference and not gradients"], user_dir, {"PYTHONPATH": str(ROOT)})
+                 "-k", "matches_reference and not gradients", "--hypothesis-seed", "0"], user_dir, {"PYTHONPATH": str(ROOT)})
+    # seeded: --impl runs the quick profile, which draws afresh, and 5 fresh draws can miss a row
+    # past 64 where the typo raises (a run of .ci/run drew rows of at most 32 and passed the kernel)
     out = done.stdout
     assert done.returncode == 1 and "== FAILURES ==" in out, out[-3000:] + done.stderr[-3000:]
     assert 'demo_buggy.py", line 17, in softmax' in out and "dtpye=x.dtype" in out, out
