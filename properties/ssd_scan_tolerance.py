@@ -51,7 +51,13 @@ tau_tj = R_tj d_j x_j (C_t . B_j) over j <= t plus the initial state's exp(G_t) 
   + ||B_j||_1) times R d |x_j|, the chunk's scores and x by f0 (|x_j| + |score|) over the C
   tokens up to t, the state read by f0 (||C_t||_1 + sum_n |h|_t); each write's product of
   two of d, x_j[p], B_j[n] flushed before the third by f0 (|x_j[p]| + |B_j[n]| + d_j), decayed
-  into the state like H^E.
+  into the state like H^E. An intermediate rounded to the input dtype near underflow is off
+  by half its subnormal spacing (h_sub, fp16's 3e-8) whatever its relative error: y's
+  Y_ROUNDINGS = 4 before the gate (C h_0 and L X, or the token's C h; D x; the sum), each
+  chunk's state increment once (charged every DECAY_COMPOUND tokens); the gate silu(z)
+  below F (a bf16 or fp32 subnormal z) read as 0 or rounded into subnormals by f0, so y by
+  f0 |s + D x| (a kernel that flushes it returns 0 there: the allowance reaches |y|, as
+  any flush of a subnormal factor must).
 
 Gradients: see :func:`ssd_scan_grad`. Not covered: systematic errors (truncation instead
 of rounding to nearest, a biased exp), and kernels that accumulate decays over more than
@@ -80,6 +86,8 @@ KAPPA_READ = 2.0  # a product's two operands rounded
 DEFAULT_CHUNK = 64  # the chunk a kernel is assumed to accumulate decays over, undeclared (mamba_ssm's 256 is
 # covered by the window term only up to 64 tokens: its cumulative sums run over 256; see docs/third-party)
 DECAY_COMPOUND = 16  # tokens per compounding of the state's decay: the smallest chunk
+Y_ROUNDINGS = 4  # y's intermediates a kernel may round to the input dtype before the gate: C h_0 and L X
+# (or the token's C h), D x and the sum
 
 
 def operand_unit(p: Precision, n_state: int, chunk: int) -> float:
@@ -117,7 +125,7 @@ class Scan:
 
     def __init__(self, x, d, A, Bh, Ch, h0, eps_d, p: Precision, chunk: int):
         self.p = p
-        self.f0 = floor_units(p.dtype)[0]
+        self.f0, self.half = floor_units(p.dtype)
         self.x, self.d, self.Bh, self.Ch, self.h0 = x, d, Bh, Ch, h0
         self.a = d * A  # [nb, T, H]
         self.eps_d = eps_d
@@ -146,6 +154,8 @@ class Scan:
             write = self.d[:, t, :, None, None] * xt * bt
             # a pair's product below fp32's smallest normal (d x, d B or x B) flushed before the third factor
             floor = self.f0 * (xt + bt + self.d[:, t, :, None, None])
+            if (t + 1) % DECAY_COMPOUND == 0 or t == self.x.shape[1] - 1:
+                floor = floor + self.half  # a chunk's state increment rounded into the dtype's subnormals
             h_eps = e * (h_eps + (self.eps_d[:, t] * self.a[:, t].abs())[:, :, None, None] * habs) + floor
             habs = e * habs + write
             v_round = e ** 2 * v_round + (2 * self.p.compute * habs) ** 2
@@ -228,13 +238,16 @@ def ssd_scan(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min, dt_max, initial
     h0 = float64_on(initial_state) if initial_state is not None else None
     err, allowed_f = _forward_errors(x, d, A, Bh, Ch, h0, step_error(dt, bias, dt_softplus, p), cu_seqlens, final,
                                      p, chunk)
-    err = err + u_op * (skip[:, None] * x).abs()
+    f0, half = floor_units(p.dtype)
+    err = err + u_op * (skip[:, None] * x).abs() + Y_ROUNDINGS * half
     if zz is not None:
         gate = zz * torch.sigmoid(zz)
         pre = torch.where(gate != 0, y / torch.where(gate != 0, gate, 1.0), 0.0)
         # sigmoid(z) below fp32's smallest normal F is flushed or lost to exp(-z) overflowing (z < -88.7):
-        # off by at most F, so y by F |z| |s + D x|
-        err = err * gate.abs() + gate_error(zz, p, u_op) * (pre * gate).abs() + DOT_READ_FLOOR * (zz * pre).abs()
+        # off by at most F, so y by F |z| |s + D x|; silu(z) itself below F (z a bf16 or fp32 subnormal)
+        # read as 0 or rounded into the dtype's subnormals: off by f0, so y by f0 |s + D x|
+        err = err * gate.abs() + gate_error(zz, p, u_op) * (pre * gate).abs() \
+            + DOT_READ_FLOOR * (zz * pre).abs() + f0 * pre.abs()
     allowed_y = SAFETY * err + p.store * y.abs().nan_to_num(0.0) + p.floor
     return allowed_y.cpu().numpy(), allowed_f.cpu().numpy()
 
@@ -306,9 +319,10 @@ def ssd_scan_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min, dt_max, in
     gradient times silu(z)) runs backwards through the same scalar decays, so its terms
     are bounded alike. Each gradient is a sum of terms; as for y (module docstring), each
     term errs independently by KAPPA u_op of its absolute magnitude (plus the step's eps_d
-    on the terms through d_t, the gate's error on the terms through dy_i), the chunk-start
-    state and adjoint are read rounded (KAPPA_READ u_op, over the [P, N] elements), and the
-    decays err first-order (the chunk window and E_i - E_j):
+    on the terms through d_t, the gate's error on the terms through dy_i, its underflow
+    floor f0 |dout| among it), the chunk-start state and adjoint are read rounded
+    (KAPPA_READ u_op, over the [P, N] elements), and the decays err first-order (the chunk
+    window and E_i - E_j):
 
     * dx_t[p] = d_t sum_{i >= t} R_it dy_i[p] (C_i . B_t) + d_t R_Tt (dfinal B_t)[p] + D dy_t[p];
     * dB_t[n] = d_t sum_{i >= t} R_it C_i[n] (dy_i . x_t) + d_t R_Tt (x_t^T dfinal)[n], summed
@@ -345,7 +359,12 @@ def ssd_scan_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min, dt_max, in
     h0 = float64_on(initial_state) if initial_state is not None else None
     dfin = float64_on(dfinal) if dfinal is not None else None
     if zz is not None:
-        dyp, gerr = dout * silu(zz), gate_error(zz, p, u_op)
+        # the gate's relative error, with its underflow floor f0 (forward) taken relative to silu(z):
+        # at most 1, as rounding to nearest or a flush never moves a value past 0
+        gate = silu(zz)
+        f0 = floor_units(p.dtype)[0]
+        dyp = dout * gate
+        gerr = gate_error(zz, p, u_op) + (f0 / gate.abs().clamp(min=f0)).where(gate != 0, 0.0)
     else:
         dyp, gerr = dout, torch.zeros_like(dout)
     zeros = {n: torch.zeros(x.shape[:3] + tail, dtype=torch.float64, device=x.device)
@@ -370,7 +389,7 @@ def ssd_scan_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min, dt_max, in
         to_end = torch.exp(scan.G[:, -1:] - scan.G)  # R_Tt [nb, T, H]
         end_err = scan.window[:, -1:] + E[:, -1:] - E  # the decay error of R_Tt
         xy = torch.einsum("bihp,bjhp->bijh", dys.abs(), xs.abs())  # |dy_i| . |x_j|
-        gmax = gs.amax(-1)
+        xy_gate = torch.einsum("bihp,bjhp->bijh", dys.abs() * gs, xs.abs())  # the gate's error of |dy_i| . |x_j|
         mags = scan.term_magnitudes()
         # dx: terms R_it d_t (|C_i| . |B_t|) |dy_i[p]| over i >= t, and the final adjoint's
         vx = torch.einsum("bith,bihp->bthp", mags ** 2, dys ** 2) * (kw + es ** 2)[..., None] \
@@ -380,7 +399,7 @@ def ssd_scan_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min, dt_max, in
         vx, lx = vx + kw * fx ** 2, lx + end_err[..., None] * fx
         # dB (over i >= t) and dC (over j <= t): terms R_ij d_j (|dy_i| . |x_j|) times |C_i[n]|, |B_j[n]|
         mb = scan.R * ds[:, None] * xy
-        w = mb ** 2 * (kw + es[:, None] ** 2 + gmax[:, :, None] ** 2)
+        w = mb ** 2 * (kw + es[:, None] ** 2) + (scan.R * ds[:, None] * xy_gate) ** 2
         vb, lb = torch.einsum("bith,bihn->bthn", w, cs ** 2), torch.einsum("bith,bihn->bthn", mb * delta, cs.abs())
         fb = (ds * to_end)[..., None] * torch.einsum("bhpn,bthp->bthn", dfs.abs(), xs.abs())
         vb, lb = vb + kw * fb ** 2, lb + end_err[..., None] * fb
@@ -389,7 +408,7 @@ def ssd_scan_grad(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_min, dt_max, in
         vc, lc = vc + kw * init ** 2, lc + (scan.window + E)[..., None] * init
         # the step's write part: R_it (|dy_i| . |x_t|) (|C_i| . |B_t|) over i >= t; the decay part's dG pieces
         m2 = scan.R * xy * scan.cb_abs
-        vdd = torch.einsum("bith->bth", m2 ** 2 * (kw + gmax[:, :, None] ** 2))
+        vdd = torch.einsum("bith->bth", m2 ** 2 * kw + (scan.R * xy_gate * scan.cb_abs) ** 2)
         ldd = torch.einsum("bith->bth", m2 * delta)
         fdd = to_end * torch.einsum("bthp,bhpn,bthn->bth", xs.abs(), dfs.abs(), bs.abs())
         vdd, ldd = vdd + kw * fdd ** 2, ldd + end_err * fdd
