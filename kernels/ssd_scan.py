@@ -41,7 +41,8 @@ sums to fp32 buffers added by PyTorch (deterministic, no atomics); the chain rul
 the clamp and softplus to dt and dt_bias runs in PyTorch on the [B, T, H] step.
 
 Precision: every operand is loaded and cast to fp32; products are ``tl.dot(...,
-input_precision="tf32x3")`` (``ssd_scan.fp32_dot_precision``) or fp32 FMA reductions,
+input_precision="ieee")`` for float32 inputs (``ssd_scan.fp32_dot_precision``; "tf32x3"
+for float16 and bfloat16, see ``_DOT_PRECISION``) or fp32 FMA reductions,
 accumulation and state in fp32; y is stored once in the input dtype. Offsets are int64
 (the batch row of a [B, T, H, P] tensor past 2**31 elements).
 
@@ -71,7 +72,14 @@ _MAX_DIM = 128
 _CHUNK_SIZES = (16, 32, 64)
 _DEFAULT_CHUNK = 64
 _P_TILE = 32  # rows of P per program: the state tile [32, N] stays in registers at N = 128
-_DOT_PRECISION = "tf32x3"  # 3-pass tf32: fp32-accurate products at tensor-core speed
+# float32 inputs: IEEE fp32 products (FMA units), not "tf32x3": its split a = tf32(a) + rest rounds an
+# operand within 2**-11 of fp32's largest value up to inf (the rest -inf, the dot NaN), and the contract
+# lets B reach fp32's largest value where d |B| stays finite (NaN on an H200, 2026-11-28). float16 and
+# bfloat16 operands (and the intermediates the domain keeps below fp32's largest value / 16) cannot
+# reach it, so they keep tf32x3: the IEEE form compiles 1.6-3.4x slower (the backward for sm_90 at
+# N = 128: 101 s against 30 s on one CPU core), and their rule's u(dtype) dwarfs its error anyway.
+_DOT_PRECISION = "ieee"  # the declared precision of fp32 tl.dot (float32 inputs)
+_HALF_DOT_PRECISION = "tf32x3"  # fp32 tl.dot of operands cast up from float16 / bfloat16
 
 
 def _interpreting() -> bool:
@@ -444,7 +452,8 @@ class _Launch:
         return (*self.x.stride(), *self.dt.stride(), *self.B.stride(), *self.C.stride(), *z.stride())
 
     def meta(self):
-        return dict(CHUNK=self.chunk, BLOCK_P=self.block_p, BLOCK_N=self.block_n, DOT_PRECISION=_DOT_PRECISION,
+        precision = _DOT_PRECISION if self.x.dtype == torch.float32 else _HALF_DOT_PRECISION
+        return dict(CHUNK=self.chunk, BLOCK_P=self.block_p, BLOCK_N=self.block_n, DOT_PRECISION=precision,
                     num_warps=4, num_stages=1)
 
 
