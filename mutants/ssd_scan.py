@@ -49,7 +49,9 @@ exclusive_intra_chunk_mask = mutant(
         "its own token's write (the inclusive/exclusive mix-up between a scan's output and its "
         "state). The carried state is right. Trigger: any token with d_t x_t (C_t . B_t) != 0."
     ),
-    kills=("matches_reference", "token_by_token_equals_chunked"),
+    # not token_by_token_equals_chunked: a one-token call leaves out the token's own write as the
+    # whole call does, and the carried state is right, so the two agree
+    kills=("matches_reference",),
 )
 
 initial_state_ignored = mutant(
