@@ -50,7 +50,7 @@ are int64 (the batch row of a [B, T, H, K] tensor past 2**31 elements).
 
 Sizes: any T >= 0 (T = 0, B = 0, H = 0 or a zero-length sequence launch nothing for it:
 its final state is its initial state), K and V from 1 to 128 (padded to powers of two of
-at least 16 with masks), any strides of q, k, v, g, beta (passed to the kernels).
+at least 32 with masks), any strides of q, k, v, g, beta (passed to the kernels).
 """
 from __future__ import annotations
 
@@ -70,6 +70,11 @@ _MAX_HEAD_DIM = 128
 _CHUNK_SIZES = (16, 32, 64)
 _DEFAULT_CHUNK = 64
 _V_TILE = 32  # value columns per program: the state tile [K, 32] stays in registers at K = 128
+# The smallest block of K and V: 32, not tl.dot's 16, so every head dim up to 32 shares one compiled
+# variant. The backward compiles for sm_90 in 38-52 s a variant (one CPU core, tf32x3); with 16 and 32
+# both, a run drawing head dims on either side of 16 compiled four backward variants a dtype where it
+# now compiles one (the quick profile's gradient checks took 60-80 s on an H200, nearly all compiling).
+_MIN_BLOCK = 32
 # K above 64 runs chunks of at most 32 tokens: compiled for sm_90, the backward at chunk 64 and
 # K 128 asks for 256 KiB of shared memory (an H100/H200 block has 227 KiB), the forward 144 KiB;
 # at chunk 32 and K 128 the backward takes 40 KiB, the forward 32 KiB
@@ -368,7 +373,7 @@ def _sequence_table(seqs, chunk: int, device) -> tuple[torch.Tensor, int]:
 
 
 def _blocks(DK: int, DV: int) -> tuple[int, int]:
-    return max(16, triton.next_power_of_2(DK)), min(_V_TILE, max(16, triton.next_power_of_2(DV)))
+    return max(_MIN_BLOCK, triton.next_power_of_2(DK)), min(_V_TILE, max(_MIN_BLOCK, triton.next_power_of_2(DV)))
 
 
 def _forward(q, k, v, g, beta, scale, h0, seqs, chunk, save):
