@@ -89,6 +89,12 @@ torch_gated_delta_rule_chunked.expected_failures = (
         "on CUDA in float16 and bfloat16: dq off by 5.5x its allowance (q at 1e-3, v near fp16's largest "
         "value, beta tiny), PyTorch's own result 2.9x closer: the chunked form's input-dtype products are "
         "not in the gradient rule"), dtypes=("float16", "bfloat16"), backends=("cuda",), strict=False),
+    ExpectedFailure("gradients_match_reference", (
+        "float32, CPU and CUDA (benchmarks/rule_audit.py, 40 examples: 19 over, the worst 8.7e3x): dg at "
+        "-1.2e-13 off by its whole size with q at fp32's largest value and g ~ -10 a token: autograd's "
+        "reverse cumulative sum of the chunk's log decays adds and cancels pieces the rule's dg term does not "
+        "bound for this form (the recurrent control and the project's kernel stay within it)"),
+        dtypes=("float32",), strict=False),
     ExpectedFailure("split_in_two_carries_state", (
         "on CUDA in float16: the carried final state off by 2.1x (k tiny, v near fp16's largest value)"),
         dtypes=("float16",), backends=("cuda",), strict=False),
