@@ -18,16 +18,19 @@ What a correct implementation may do, and what each step costs:
   dequantised weights is outside the contract. An operand below fp32's normals may be
   flushed (``DOT_READ_FLOOR`` per product, times the other operand's magnitude).
 * g and v may be stored in x's dtype before SwiGLU (vLLM keeps the first GEMM's ``[T k, 2I]``
-  output in the activation dtype): ``r |g|``, ``r |v|``. So ``dg = (p.dot + sum_error(H)) Sg +
-  r |g| + floor``.
+  output in the activation dtype): ``r |g| + p.floor``, ``r |v| + p.floor`` (near underflow a
+  rounding into the dtype's subnormals errs by up to their spacing whatever |g|: p.floor, here
+  and at every rounding below). So ``dg = (p.dot + sum_error(H)) Sg + r |g| + p.floor + flush``.
 * SwiGLU at the computed g, v: ``properties/elementwise_tolerance.py``'s ``swiglu`` rule (the fp32
   sigmoid, two products, silu(g) rounded to x's dtype as ``F.silu`` does, h stored in x's dtype:
   vLLM's ``[T k, I]`` intermediate); and g's, v's errors carried through h's derivatives:
   ``|v| 1.1 dg + |silu(g)| dv`` (|d silu / dg| <= 1.1).
 * The projection over I: ``(p.dot + sum_error(I)) |W2| |h|`` plus ``|W2| dh`` (the intermediate's
   error carried), fp8's scale as above, and the flush floor.
-* The weight: ``w o`` in fp32 (``u``); the routing weight rounded to x's dtype (HF's Mixtral
-  casts it) and the weighted term stored in x's dtype (vLLM's ``[T, k, H]``): ``2 r``. From
+* The weight: ``w o`` in fp32 (``u``); o rounded to x's dtype before the weighting (HF's
+  Mixtral: ``w2`` is a Linear in x's dtype, then ``* routing_weights``), the routing weight
+  rounded to x's dtype (HF casts it) and the weighted term stored in x's dtype (vLLM's ``[T,
+  k, H]``): ``3 r`` of ``|w o|``, and ``(|w| + 1) p.floor``. From
   router logits, the weights' own error ``r_w``: a float32 softmax (each exp ``(EXP_ULPS + |z|)
   u`` for z = logit - max, the sum ``sum_error(E)``, the division ``u``; the sum's error carries
   every exp's, so ``r_p = 2 u (EXP_ULPS + max |z|) + sum_error(E) + u``), renormalised: ``2 r_p +
@@ -35,7 +38,7 @@ What a correct implementation may do, and what each step costs:
   (k+1)-th logits apart).
 * The sum over the k slots, in x's dtype at worst (vLLM's ``moe_sum`` and HF's ``index_add_``
   accumulate there): ``(k - 1) r`` of ``sum_j |w_j o_j|`` (Higham's recursive-sum bound, k <= 8
-  in practice, below the probabilistic one there).
+  in practice, below the probabilistic one there), and ``(k - 1) p.floor``.
 * The store of y: ``p.store |y| + p.floor``.
 
 SAFETY on the whole (the SwiGLU rule carries its own as well).
@@ -100,8 +103,8 @@ def pair_allowance(values: dict, p: Precision) -> tuple[torch.Tensor, torch.Tens
     a2 = p.dot + float(sum_error(inter, p.compute)) + fp8_2
     g, v, h = terms["g"], terms["v"], terms["h"]
     x_sums = x.abs().sum(1)[terms["token"]]
-    dg = a1 * terms["sg"] + r * g.abs()
-    dv = a1 * terms["sv"] + r * v.abs()
+    dg = a1 * terms["sg"] + r * g.abs() + p.floor
+    dv = a1 * terms["sv"] + r * v.abs() + p.floor
     for e, w1e in terms["W1"].items():
         rows = (terms["expert"] == e).nonzero().flatten()
         col = w1e.abs().sum(1)
@@ -117,7 +120,7 @@ def pair_allowance(values: dict, p: Precision) -> tuple[torch.Tensor, torch.Tens
     w = terms["weight"]
     r_w = r_w if isinstance(r_w, float) else r_w.expand(-1, ids.shape[1]).reshape(-1)[:, None]
     wo = (w[:, None] * terms["o"]).abs()
-    allowed = w.abs()[:, None] * do + (U32 + 2 * r + r_w) * wo
+    allowed = w.abs()[:, None] * do + (U32 + 3 * r + r_w) * wo + (w.abs()[:, None] + 1) * p.floor
     return allowed, wo, w, ids.shape[1]
 
 
@@ -125,6 +128,6 @@ def fused_moe(values: dict, y, p: Precision) -> np.ndarray:
     """Allowed absolute error of each element of ``y [T, H]`` (the module docstring derives it)."""
     allowed, wo, _, k = pair_allowance(values, p)
     t = allowed.shape[0] // k
-    per_token = allowed.view(t, k, -1).sum(1) + (k - 1) * p.store * wo.view(t, k, -1).sum(1)
+    per_token = allowed.view(t, k, -1).sum(1) + (k - 1) * (p.store * wo.view(t, k, -1).sum(1) + p.floor)
     device = backend.device()
     return (SAFETY * per_token + p.store * float64_on(y, device).abs() + p.floor).cpu().numpy()
