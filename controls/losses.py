@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tritoncheck.declarations import ExpectedFailure
+
 __all__ = ["torch_cross_entropy", "torch_cross_entropy_input_dtype", "stored_gradient_cross_entropy"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -82,7 +84,13 @@ _LOSS_IN_INPUT_DTYPE = (
     "(u(dtype) |loss|: 0.0022 on a loss of 7.58 in float16, 43x the float32 allowance); the contract "
     "asks for a float32 loss. Its gradient passes"
 )
-torch_cross_entropy_input_dtype.expected_failures = {
-    "matches_reference": _LOSS_IN_INPUT_DTYPE, "shift_invariant": _LOSS_IN_INPUT_DTYPE,
-    "calls_independent": _LOSS_IN_INPUT_DTYPE,  # each of its two calls is compared with the reference
-}
+torch_cross_entropy_input_dtype.expected_failures = (
+    ExpectedFailure("matches_reference", _LOSS_IN_INPUT_DTYPE),
+    ExpectedFailure("shift_invariant", _LOSS_IN_INPUT_DTYPE),
+    ExpectedFailure("calls_independent", _LOSS_IN_INPUT_DTYPE),  # each of its two calls is compared
+    # Seen in the rule audit on an H200 (17 of 40 targeted examples), not in 10 draws: not strict.
+    ExpectedFailure("gradients_match_reference", (
+        "on CUDA in float16: NaN in the gradient where the logits are near float16's largest value "
+        "(PyTorch's own float16 log_softmax backward computes in the logits' dtype, as this control "
+        "declares it does)"), dtypes=("float16",), backends=("cuda",), strict=False),
+)
