@@ -14,8 +14,10 @@ rebuilt from its JSON replays.
 Magnitudes: with P_bound the largest |h_0| + sum_t d_t |x_t[p]| |B_t[n]| (a bound on every
 state element), x and the initial state are scaled by a power of two until P_bound and
 every max(d, 1) |x| are at most the dtype's largest value / 16 (fp32's for bf16), B until
-every d |B| is, C until ||C_t||_1 max(P_bound, max(d, 1) |B|) is (the chunk's C B^T and scores
-C B^T R d, and the state read: a chunked form's intermediates are finite too), D until |D| max |x| is, z until max(|z|, 1) times the output bound is.
+every max(d, 1) |B| is (B itself is a dot operand: C B^T), C until ||C_t||_1 max(P_bound,
+max(d, 1) |B|) is (the chunk's C B^T and scores C B^T R d, and the state read: a chunked
+form's intermediates are finite too), D until |D| max |x| is, z until max(|z|, 1) times the
+output bound is.
 Under the Triton interpreter bf16 inputs below the smallest normal are flushed to 0 (its
 bf16 subnormal conversion is wrong; the GPU draws them).
 """
@@ -116,7 +118,9 @@ class SSDCase(Case):
                                   B.to(torch.float64)[:, :, heads].abs()).amax(0)
             return largest(writes + (h0.to(torch.float64).abs().amax(0) if h0 is not None and h0.numel() else 0.0))
 
-        scale_into([B], d_max * largest(B), limit)
+        # B as every other dot operand at most the limit, not only d |B|: a kernel's C B^T reads B
+        # itself, and a declared tf32 dot rounds a value within 2**-11 of fp32's largest to inf
+        scale_into([B], max(d_max, 1.0) * largest(B), limit)
         scale_into([x] + ([h0] if h0 is not None else []),
                    max(state_bound(), max(d_max, 1.0) * largest(x), largest(h0)), limit)
         bound = state_bound()
