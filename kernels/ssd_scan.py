@@ -41,8 +41,8 @@ sums to fp32 buffers added by PyTorch (deterministic, no atomics); the chain rul
 the clamp and softplus to dt and dt_bias runs in PyTorch on the [B, T, H] step.
 
 Precision: every operand is loaded and cast to fp32; products are ``tl.dot(...,
-input_precision="ieee")`` for float32 inputs (``ssd_scan.fp32_dot_precision``; "tf32x3"
-for float16 and bfloat16, see ``_DOT_PRECISION``) or fp32 FMA reductions,
+input_precision="ieee")`` (``ssd_scan.fp32_dot_precision``; "tf32x3" for float16 inputs,
+see ``_DOT_PRECISION``) or fp32 FMA reductions,
 accumulation and state in fp32; y is stored once in the input dtype. Offsets are int64
 (the batch row of a [B, T, H, P] tensor past 2**31 elements).
 
@@ -72,14 +72,16 @@ _MAX_DIM = 128
 _CHUNK_SIZES = (16, 32, 64)
 _DEFAULT_CHUNK = 64
 _P_TILE = 32  # rows of P per program: the state tile [32, N] stays in registers at N = 128
-# float32 inputs: IEEE fp32 products (FMA units), not "tf32x3": its split a = tf32(a) + rest rounds an
-# operand within 2**-11 of fp32's largest value up to inf (the rest -inf, the dot NaN), and the contract
-# lets B reach fp32's largest value where d |B| stays finite (NaN on an H200, 2026-11-28). float16 and
-# bfloat16 operands (and the intermediates the domain keeps below fp32's largest value / 16) cannot
-# reach it, so they keep tf32x3: the IEEE form compiles 1.6-3.4x slower (the backward for sm_90 at
-# N = 128: 101 s against 30 s on one CPU core), and their rule's u(dtype) dwarfs its error anyway.
+# float32 and bfloat16 inputs: IEEE fp32 products (FMA units), not "tf32x3". Its split a = tf32(a) +
+# rest rounds an operand within 2**-11 of fp32's largest value up to inf (the rest -inf, the dot NaN),
+# and the contract lets B reach fp32's largest value where d |B| stays finite (float32 NaN on an
+# H200, 2026-11-28); and the tensor cores read fp32 subnormals (bfloat16's subnormals are fp32's) as
+# 0, which the gradient rules do not charge (bfloat16 dB 1.99x over on the H200 with tf32x3, within
+# the rule with IEEE dots on the same profile). float16 operands are normal fp32 values far from the
+# largest, so they keep tf32x3: the IEEE form compiles 1.6-3.4x slower for sm_90 (the backward at
+# N = 128: 101 s against 30 s on one CPU core).
 _DOT_PRECISION = "ieee"  # the declared precision of fp32 tl.dot (float32 inputs)
-_HALF_DOT_PRECISION = "tf32x3"  # fp32 tl.dot of operands cast up from float16 / bfloat16
+_FLOAT16_DOT_PRECISION = "tf32x3"  # fp32 tl.dot of operands cast up from float16
 
 
 def _interpreting() -> bool:
@@ -452,7 +454,7 @@ class _Launch:
         return (*self.x.stride(), *self.dt.stride(), *self.B.stride(), *self.C.stride(), *z.stride())
 
     def meta(self):
-        precision = _DOT_PRECISION if self.x.dtype == torch.float32 else _HALF_DOT_PRECISION
+        precision = _FLOAT16_DOT_PRECISION if self.x.dtype == torch.float16 else _DOT_PRECISION
         return dict(CHUNK=self.chunk, BLOCK_P=self.block_p, BLOCK_N=self.block_n, DOT_PRECISION=precision,
                     num_warps=4, num_stages=1)
 
