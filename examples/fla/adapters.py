@@ -115,6 +115,10 @@ for _fn in (gated_delta_rule, fused_gated_delta_rule):
     _fn.autotuned = autotuners_in("fla")
 gated_delta_rule.supports_backward = True
 gated_delta_rule.chunk_sizes = (16, 32, 64)  # fla's chunk_gated_delta_rule accepts these (64 by default)
+# fla's own guard (fla/ops/gated_delta_rule/chunk.py): on Hopper with Triton >= 3.4.0 and < 3.7.1 its
+# backward raises before computing, a known Triton miscompilation of chunk_bwd_dqkwg (fla#640): a
+# declared refusal, so the gradient checks report it as such instead of failing on every input
+gated_delta_rule.refuses = ((RuntimeError, r"chunk_bwd_dqkwg"),)
 fused_gated_delta_rule.supports_backward = False  # FusedRecurrentFunction.backward raises NotImplementedError
 for _fn in (linear_attention, chunk_linear_attention):
     _fn.dtypes = _DTYPES
