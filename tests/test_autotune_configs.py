@@ -198,3 +198,18 @@ def test_the_agreement_check_fails_an_autotuned_kernel_that_needs_reset_to_zero(
     case = Case("swiglu", "float32", ("gate", "up"), spec)  # seeds summing to 1: config 1 (BLOCK=128) fastest
     with pytest.raises(AssertionError, match="left to autotune .*BLOCK=128.* differs from that choice run alone"):
         generic.autotune_configs_agree(case, impl)
+
+
+def test_a_replay_pins_the_config_the_failure_ran():
+    from tritoncheck.replay import _autotune_config
+
+    def plain():
+        pass
+    assert _autotune_config(None, {"autotune_config": 1}, write_block) == 1  # recorded by the failing run
+    assert _autotune_config("0", {"autotune_config": 1}, write_block) == 0  # asked overrides it
+    assert _autotune_config("tuned", {"autotune_config": 1}, write_block) is None
+    # nothing recorded: the interpreter cannot time configs, so the first is pinned there
+    assert _autotune_config(None, {}, write_block) == (0 if backend.current() == "interpret" else None)
+    assert _autotune_config(None, {}, plain) is None  # no autotuned kernel declared: nothing to pin
+    with pytest.raises(ValueError, match="config index"):
+        _autotune_config("fastest", {}, write_block)

@@ -130,9 +130,9 @@ class Target:
         # reference checks' are also the rows of the tolerance report
         sink = _collector.sink(self, case, rows=self.check.name in RECORDED_CHECKS) if _collector is not None else None
         invalid, refused, broken, start = False, False, False, time.perf_counter()
+        config = autotune_configs.each_in_turn(self.impl.fn, CONFIG.autotune_config)
         try:
-            with poisoned_allocations_for(self.impl.fn), autotune_configs.pinned_all(
-                    self.impl.fn, autotune_configs.each_in_turn(self.impl.fn, CONFIG.autotune_config)), \
+            with poisoned_allocations_for(self.impl.fn), autotune_configs.pinned_all(self.impl.fn, config), \
                     (recording(sink) if sink is not None else contextlib.nullcontext()):
                 self.check.run(case, self.impl)
         except UnsatisfiedAssumption:
@@ -161,7 +161,7 @@ class Target:
                 refused = True
                 self._raised(case, exc)
             self.record.accept(case, keep=self._records_raised())  # it ran: the check judged its outputs
-            path = save_failure(self, case)
+            path = save_failure(self, case, autotune_config=config)
             note = (f"\n{self.check.name} failed for {self.impl.name} on:\n{case.describe()}\n"
                     f"replay: python -m tritoncheck.replay {path}")
             if isinstance(exc, AssertionError):
@@ -459,16 +459,19 @@ def vacuous_test(test_id: str, rule: str) -> str | None:
 pretty.for_type_by_name(__name__, "Target", lambda target, p, cycle: p.text(f"Target({target.id!r})"))
 
 
-def replay_record(target: Target, case: Case) -> dict:
-    """What ``python -m tritoncheck.replay`` reads: the check, the implementation and the case."""
+def replay_record(target: Target, case: Case, autotune_config: int | None = None) -> dict:
+    """What ``python -m tritoncheck.replay`` reads: the check, the implementation and the case,
+    and the autotune config its declared autotuned kernels ran (None: autotuning)."""
     record = {"check": target.check.name, "impl": target.impl.target, "impl_name": target.impl.name,
               "backend": backend.current(), "case": case.to_json()}
+    if autotune_config is not None:
+        record["autotune_config"] = autotune_config
     if target.op.origin:  # a defined op (tritoncheck.op): the module a replay imports to find it
         record["definition"] = target.op.origin
     return record
 
 
-def save_failure(target: Target, case: Case, suffix: str = "") -> Path:
+def save_failure(target: Target, case: Case, suffix: str = "", autotune_config: int | None = None) -> Path:
     """Write what replays the failure: ``<id><suffix>.json`` (the case, for
     ``python -m tritoncheck.replay``), ``<id>.pt`` (the inputs themselves, strides and
     storage offsets included) and ``<id>.py`` (a script that needs neither pytest nor
@@ -478,7 +481,7 @@ def save_failure(target: Target, case: Case, suffix: str = "") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     stem = failure_stem(target.id) + suffix
     path = folder / f"{stem}.json"
-    path.write_text(json.dumps(replay_record(target, case), indent=1))
+    path.write_text(json.dumps(replay_record(target, case, autotune_config), indent=1))
     torch.save(case.materialise("cpu"), folder / f"{stem}.pt")
     (folder / f"{stem}.py").write_text(_SCRIPT.format(
         id=target.id, check=target.check.name, impl=target.impl.target, op=target.op.name,
