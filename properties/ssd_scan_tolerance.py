@@ -51,9 +51,10 @@ tau_tj = R_tj d_j x_j (C_t . B_j) over j <= t plus the initial state's exp(G_t) 
   + ||B_j||_1) times R d |x_j|, the chunk's scores and x by f0 (|x_j| + |score|) over the C
   tokens up to t, the state read by f0 (||C_t||_1 + sum_n |h|_t); each write's product of
   two of d, x_j[p], B_j[n] flushed before the third by f0 (|x_j[p]| + |B_j[n]| + d_j), decayed
-  into the state like H^E, and over the chunk's own tokens also undecayed (a kernel may round
-  the write after folding in its decay to the chunk's end, as mamba_ssm rounds B R d to x's
-  dtype). An intermediate rounded to the input dtype near underflow is off
+  into the state like H^E; over the chunk's own tokens a kernel may round the write after
+  folding in its decay to the chunk's end (mamba_ssm rounds B R d to x's dtype), off by at
+  most min(|B_j| d_j, f0) undecayed, times |x_j|, independently over j (SUM_LAMBDA times the
+  root of the summed squares). An intermediate rounded to the input dtype near underflow is off
   by half its subnormal spacing (h_sub, fp16's 3e-8) whatever its relative error: y's
   Y_ROUNDINGS = 4 before the gate (C h_0 and L X, or the token's C h; D x; the sum), each
   chunk's state increment once (charged every DECAY_COMPOUND tokens); the gate silu(z)
@@ -151,7 +152,7 @@ class Scan:
         habs = self.h0.abs()
         h_eps = torch.zeros_like(habs)
         v_round = torch.zeros_like(habs)
-        in_chunk = torch.zeros_like(habs)  # this chunk's write floors, not decayed
+        in_chunk = torch.zeros_like(habs)  # this chunk's writes' underflow roundings, squared, not decayed
         for t in range(self.x.shape[1]):
             e = torch.exp(self.a[:, t])[:, :, None, None]
             xt, bt = self.x[:, t, :, :, None].abs(), self.Bh[:, t, :, None, :].abs()
@@ -162,11 +163,12 @@ class Scan:
                 floor = floor + self.half  # a chunk's state increment rounded into the dtype's subnormals
             h_eps = e * (h_eps + (self.eps_d[:, t] * self.a[:, t].abs())[:, :, None, None] * habs) + floor
             # a kernel that folds the decay to the chunk's end into the write before rounding it (mamba_ssm
-            # rounds B exp(G_end - G_j) d_j to x's dtype) leaves that floor undecayed
-            in_chunk = in_chunk + floor
+            # rounds B exp(G_end - G_j) d_j to x's dtype) leaves that rounding undecayed: |x_j| times at most
+            # min(B_j w_j, f0) (rounding never moves a value past 0, w_j <= d_j), independent over j
+            in_chunk = in_chunk + (xt * torch.minimum(bt * self.d[:, t, :, None, None], torch.full_like(bt, self.f0))) ** 2
             habs = e * habs + write
             v_round = e ** 2 * v_round + (2 * self.p.compute * habs) ** 2
-            yield habs, h_eps + in_chunk, v_round, write
+            yield habs, h_eps + SUM_LAMBDA * in_chunk.sqrt(), v_round, write
             if (t + 1) % self.chunk == 0:
                 in_chunk = torch.zeros_like(habs)
 
