@@ -59,11 +59,6 @@ def numpy(t):
     return None if t is None else t.detach().cpu().double().numpy()
 
 
-def sequence_index(cu: list[int]) -> torch.Tensor:
-    lengths = torch.tensor(np.diff(cu), device=DEVICE)
-    return torch.repeat_interleave(torch.arange(len(cu) - 1, dtype=torch.int32, device=DEVICE), lengths).unsqueeze(0)
-
-
 def packed_initial_state() -> None:
     H, P, N = 2, 16, 16
     for first in (CHUNK // 2, CHUNK + CHUNK // 2):  # sequence 0 ends inside the first chunk / past it
@@ -72,7 +67,8 @@ def packed_initial_state() -> None:
         x, B, C = randn(1, T, H, P), randn(1, T, 1, N), randn(1, T, 1, N)
         dt, A, h0 = torch.rand(1, T, H, device=DEVICE) * 0.1, -torch.rand(H, device=DEVICE), randn(1, H, P, N)
         cu_t = torch.tensor(cu, dtype=torch.int32, device=DEVICE)
-        y, _, states = mamba_chunk_scan_combined(x, dt, A, B, C, CHUNK, initial_states=h0, seq_idx=sequence_index(cu),
+        seq_idx = adapters._sequence_index(cu_t, T)  # the adapter's own cu_seqlens -> seq_idx
+        y, _, states = mamba_chunk_scan_combined(x, dt, A, B, C, CHUNK, initial_states=h0, seq_idx=seq_idx,
                                                  cu_seqlens=cu_t, return_final_states=True, return_varlen_states=True)
         h0s = np.zeros((len(cu) - 1, H, P, N))
         h0s[0] = numpy(h0[0])
