@@ -53,13 +53,17 @@ WEIGHT_FAMILIES = ("softmax", "scaled", "ones", "signed")
 SCALINGS = ("block", "channel", "expert")  # w_scale [E, ceil(N/128), ceil(K/128)], [E, N, 1], [E, 1, 1]
 
 
-def _sizes() -> tuple[int, int, int, int, int, int]:
-    """(T, H, I, E largest, T k pairs, T k H I budget): the interpreter, whose cost is per
-    program, keeps a call under a second (H past two fp8 scale blocks, T past 64 + 1 tokens on
-    one expert, at most 96 pairs); a GPU serves prefill-sized batches of DeepSeek-V3-like
-    experts, up to 4096 pairs (the routing tensors print every element: a failure names them)."""
+def _sizes() -> tuple[int, int, int, int, int, int, int]:
+    """(T, H, I, E largest, T k pairs, T k H I budget, E 2I H budget): the interpreter, whose cost
+    is per program, keeps a call under a second (H past two fp8 scale blocks, T past 64 + 1 tokens
+    on one expert, at most 96 pairs); a GPU serves prefill-sized batches of DeepSeek-V3-like
+    experts, up to 4096 pairs (the routing tensors print every element: a failure names them).
+    The weights stay within the large size's per-tensor budget (tritoncheck/config.py): without
+    it w1 reached 1.2e8 elements (E = 9, I = 2047, H = 3240), 4-5 s of host time a draw, and the
+    self-test's float16 hunt of a planted bug did not end in 330 s on an H200. The small sizes
+    never reach it (6 x 144 x 260 < 2**18)."""
     return (CONFIG.pick(72, 1024), CONFIG.pick(260, 4200), CONFIG.pick(72, 2100), CONFIG.pick(6, 64),
-            CONFIG.pick(96, 2**12), CONFIG.pick(2**17, 2**32))
+            CONFIG.pick(96, 2**12), CONFIG.pick(2**17, 2**32), CONFIG.pick(2**18, 2**22))
 
 
 def values_spec(values: np.ndarray, dtype: str, layout=None) -> TensorSpec:
@@ -151,7 +155,7 @@ def fused_moe_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS, routin
     """One call (module docstring). ``routing`` "topk" or "logits" forces the form;
     ``spare_experts`` experts no token names at least; ``duplicates`` forces rows naming an
     expert twice (True) or none (False); ``quantised`` forces fp8 weights or none."""
-    t_max, h_max, i_max, e_max, pairs, budget = _sizes()
+    t_max, h_max, i_max, e_max, pairs, budget, weights = _sizes()
     takes_logits, takes_ids = not limits.held("router_logits"), not limits.held("topk_ids")
     if routing is None:
         routing = "logits" if not takes_ids else ("topk" if not takes_logits else
@@ -170,12 +174,12 @@ def fused_moe_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS, routin
     fp8 = quantised if quantised is not None else (not limits.held("w1_scale") and draw(st.booleans()))
     if fp8 and limits.held("w1_scale"):
         raise limits.not_taken("w1_scale", "fp8 weights")
-    h_top = max(1, min(h_max, budget // (t * k)))
+    h_top = max(1, min(h_max, budget // (t * k), weights // (2 * e)))
     # fp8: half the time past one scale block along H (a short last block with its own scale)
     h_lo = SCALE_BLOCK + 1 if fp8 and min(h_top, _count_limit(limits, "H", h_top)) > SCALE_BLOCK \
         and draw(st.booleans()) else 1
     h = draw(limits.size("H", h_lo, max(h_lo, h_top), blocks=(SCALE_BLOCK, 32, 64)))
-    i = draw(limits.size("I", 1, max(1, min(i_max, budget // (t * k * h))), blocks=(SCALE_BLOCK, 32, 64)))
+    i = draw(limits.size("I", 1, max(1, min(i_max, budget // (t * k * h), weights // (2 * e * h))), blocks=(SCALE_BLOCK, 32, 64)))
     # the routing's structure: an expert at a row-block edge, empty experts, duplicate rows
     free = e - k  # experts that can be left out of every row
     target = None
