@@ -176,6 +176,33 @@ def test_a_declared_refusal_is_a_refusal_class_or_a_declared_message():
         assert info.value.declared is declared, fn.__name__
 
 
+def test_a_declared_refusal_raised_in_backward_is_a_refusal_and_an_undeclared_one_is_not():
+    """fla's chunked gated delta rule raises in its backward only (a guard against a Triton
+    miscompilation on Hopper): the gradient checks call autograd through refusals.gradients,
+    which honours the declaration as refusals.call does for the forward."""
+    class GuardedBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, dy):
+            raise RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for chunk_bwd")
+
+    def kernel(x):
+        return GuardedBackward.apply(x)
+
+    x = torch.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="incorrect results"):  # undeclared: the failure it is
+        refusals.gradients(kernel, [kernel(x)], [x], [torch.ones(3)])
+    kernel.refuses = ((RuntimeError, r"chunk_bwd"),)
+    with pytest.raises(refusals.Refused) as info:
+        refusals.gradients(kernel, [kernel(x)], [x], [torch.ones(3)])
+    assert info.value.declared and "chunk_bwd" in info.value.message
+    (grad,) = refusals.gradients(lambda x: x * 2, [x * 2], [x], [torch.ones(3)])
+    assert torch.equal(grad, torch.full((3,), 2.0))
+
+
 @pytest.mark.parametrize("value,words", [
     (".*", "matches any message"), ((AssertionError, "x"), "never a refusal"), (3, "must be a message pattern"),
     ("(", "not a regular expression")])

@@ -138,6 +138,23 @@ def call(fn: Callable, args: list, kwargs: dict) -> Any:
         raise
 
 
+def gradients(fn: Callable, *args, **kwargs):
+    """``torch.autograd.grad(*args, **kwargs)`` through a graph that ``fn`` built; an exception
+    that ``fn`` declares a refusal (``fn.refuses``, a :class:`Refusal`) comes out as a declared
+    :class:`Refused`. A backward may decline inputs where its forward did not (fla's chunked
+    gated delta rule raises in backward on Hopper with Triton 3.4-3.7.0, a known miscompilation):
+    :func:`call` sees only the forward. An undeclared exception propagates: the forward took the
+    inputs, so a backward that raises on them is a failure, not a refusal."""
+    import torch
+    try:
+        return torch.autograd.grad(*args, **kwargs)
+    except Exception as exc:
+        from tritoncheck.declarations import refuses  # the declarations import torch: on first use
+        if declared_refusal(exc, refuses(getattr(fn, "refuses", None), getattr(fn, "__name__", "fn"))):
+            raise Refused(exc, declared=True) from exc
+        raise
+
+
 def refusal_fails(kind: str, mode: str, declared: bool) -> bool:
     """Whether a refusal (``declared`` or not) by an implementation of ``kind`` fails the
     example: ``fail`` fails every refusal, ``discard`` none (undeclared ones then answer
