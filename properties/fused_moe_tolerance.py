@@ -10,13 +10,12 @@ What a correct implementation may do, and what each step costs:
 
 * The projections over H in fp32: ``sum_error(H)`` of ``Sg`` (``Sv``), whatever the order or
   blocking; the products' own roundings (``p.dot`` each: tf32 operands for float32 x on a GPU)
-  ``p.dot min(Sg, |g| + SUM_LAMBDA Rg)``, ``Rg = sqrt(sum_h (x_h W1_ih)^2)``: each operand element
-  is rounded once and independently of the others, so over one dot they add as a bounded
-  zero-mean sum (Hoeffding, the SUM_LAMBDA of ``sum_error``) plus, for a truncating conversion,
-  their mean, at most ``p.dot |g|``. The linear ``p.dot Sg`` alone, carried through both GEMMs,
-  reached |y| (an allowance that accepts 0) in 22 of 40 float32 comparisons at the gpu profile on
-  an H200 (H = 4200, I = 2100 grow it by sqrt(H I) over the error); a tf32 simulation
-  (tests/test_property_rules.py) stays at 0.031 of the new form. fp8 weights: the
+  with ``Rg = sqrt(sum_h (x_h W1_ih)^2)``: each operand element is rounded once, distinct
+  values independently, so over one dot they add as a bounded
+  zero-mean sum (Hoeffding, the SUM_LAMBDA of ``sum_error``); equal values round alike (a
+  constant x, weights of one magnitude) and a truncating conversion has a mean: ``2 p.dot |g|``
+  covers both operands' whatever their correlation (each within p.dot, tf32's truncation). So
+  ``p.dot min(Sg, 2 |g| + SUM_LAMBDA Rg)``. fp8 weights: the
   products of x and the fp8 values are exact in fp32 (or the dequantised weight in fp32: one
   rounding more), the scale applied in fp32: ``2 u``. Not charged: the dequantised weight
   rounded into x's dtype. That error is ``r |W|`` per weight, ``r Sg`` on g, and carried
@@ -27,16 +26,23 @@ What a correct implementation may do, and what each step costs:
 * g and v may be stored in x's dtype before SwiGLU (vLLM keeps the first GEMM's ``[T k, 2I]``
   output in the activation dtype): ``r |g| + p.floor``, ``r |v| + p.floor`` (near underflow a
   rounding into the dtype's subnormals errs by up to their spacing whatever |g|: p.floor, here
-  and at every rounding below). So ``dg = sum_error(H) Sg + p.dot min(Sg, |g| + SUM_LAMBDA Rg) + r |g|
+  and at every rounding below). So ``dg = sum_error(H) Sg + p.dot min(Sg, 2 |g| + SUM_LAMBDA Rg) + r |g|
   + p.floor + flush``.
 * SwiGLU at the computed g, v: ``properties/elementwise_tolerance.py``'s ``swiglu`` rule (the fp32
   sigmoid, two products, silu(g) rounded to x's dtype as ``F.silu`` does, h stored in x's dtype:
   vLLM's ``[T k, I]`` intermediate); and g's, v's errors carried through h's derivatives:
   ``|v| 1.1 dg + |silu(g)| dv`` (|d silu / dg| <= 1.1).
-* The projection over I: ``sum_error(I) |W2| |h|``, its products ``p.dot min(|W2| |h|, |o| +
-  SUM_LAMBDA Ro)`` as over H, plus ``|W2| dh`` (the intermediate's error carried: worst-case over I,
-  because x's rounding is shared by the I dots of g and v, so their errors are not independent),
-  fp8's scale as above, and the flush floor.
+* The projection over I: ``sum_error(I) |W2| |h|``, its products ``p.dot min(|W2| |h|, 2 |o| +
+  SUM_LAMBDA Ro)`` as over H, plus ``|W2| dh`` (the intermediate's error carried worst-case over
+  I), fp8's scale as above, and the flush floor. The first GEMM's product roundings are carried
+  otherwise where the Jacobian fits ``JACOBIAN_BUDGET``: the smaller of ``|W2| dh_dot`` and their
+  first-order effect on o bounded as a sum of independent terms (:func:`_first_gemm_roundings`).
+  Worst-case over I they cost sqrt(I): x's rounding is shared by the I dots of g and v, so those
+  errors are not independent, and only the Jacobian ``W2 (a W1g + b W1v)`` weighs each of x's
+  roundings by its own coefficient. Charged linearly at both GEMMs, tf32's roundings reached |y|
+  (an allowance that accepts 0) in 22 of 40 float32 comparisons at the gpu profile on an H200
+  (H = 4200, I = 2100 grow it by sqrt(H I) over the error); a tf32 simulation
+  (tests/test_property_rules.py) is at 0.15 of the new form, the allowance 0.074 |y|.
 * The weight: ``w o`` in fp32 (``u``); o rounded to x's dtype before the weighting (HF's
   Mixtral: ``w2`` is a Linear in x's dtype, then ``* routing_weights``), the routing weight
   rounded to x's dtype (HF casts it) and the weighted term stored in x's dtype (vLLM's ``[T,
@@ -101,6 +107,39 @@ def _products_rss(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (rows.square() @ w.square().T).sqrt()
 
 
+# pairs x H x H x I: above it the first GEMM's roundings travel over I worst-case (the linear
+# bound): 2**36 multiply-adds of one example's Jacobians, about a second on a GPU in fp64.
+JACOBIAN_BUDGET = 2**36
+
+
+def _first_gemm_roundings(xs: torch.Tensor, w1e: torch.Tensor, w2e: torch.Tensor, g: torch.Tensor,
+                          v: torch.Tensor, dot: float) -> torch.Tensor:
+    """The first GEMM's operand roundings (x's and W1's elements, each rounded once) carried to o
+    [P, H] through the pair's linearised map: o's first-order error is ``sum_h x_h alpha_h M_jh +
+    sum_ih W2_ji (a_i W1g_ih + b_i W1v_ih) x_h beta_ih`` with ``a = d silu(g) / dg v``, ``b =
+    silu(g)``, ``M = W2 (a W1g + b W1v)`` (the Jacobian of o in x). Roundings of distinct values
+    are independent: each sum's deviations from its mean, within ``dot / 2`` a term, are bounded
+    by SUM_LAMBDA times its root sum of squares (Hoeffding). Equal values round alike (a constant
+    x, weights of one magnitude), and a truncating conversion has a mean: at most ``dot |M x|``
+    each sum, whatever the correlation (``|alpha|, |beta| <= dot``). Worst-case over I instead (x's
+    rounding is shared by the I dots) costs sqrt(I)."""
+    inter = v.shape[1]
+    w1g, w1v = w1e[:inter], w1e[inter:]
+    sig = torch.sigmoid(g)
+    a, b = (sig + g * sig * (1 - sig)) * v, g * sig
+    mean = (a * g + b * v) @ w2e.T  # M x
+    rss_w = ((a.square() * (xs.square() @ w1g.square().T) + b.square() * (xs.square() @ w1v.square().T))
+             @ w2e.square().T).sqrt()
+    rss_x = torch.empty_like(mean)
+    hidden = xs.shape[1]
+    step = max(1, 2**24 // (hidden * max(hidden, inter)))  # pairs a batch: [step, H, H] and [step, H, I]
+    for start in range(0, xs.shape[0], step):
+        end = start + step
+        jac = (w2e[None] * a[start:end, None, :]) @ w1g + (w2e[None] * b[start:end, None, :]) @ w1v
+        rss_x[start:end] = (jac.square() @ xs[start:end, :, None].square()).squeeze(-1).sqrt()
+    return 2 * dot * mean.abs() + dot / 2 * SUM_LAMBDA * (rss_x + rss_w)
+
+
 def pair_allowance(values: dict, p: Precision) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """(allowed error of each pair's w o [P, H] before the sum over slots, |w o| [P, H], the
     terms' weights w [P], k) for a call's fp64 inputs ``values`` (module docstring)."""
@@ -120,23 +159,30 @@ def pair_allowance(values: dict, p: Precision) -> tuple[torch.Tensor, torch.Tens
     x_sums = x.abs().sum(1)[terms["token"]]
     dg = a1 * terms["sg"] + r * g.abs() + p.floor
     dv = a1 * terms["sv"] + r * v.abs() + p.floor
+    dg_dot, dv_dot = torch.zeros_like(g), torch.zeros_like(v)  # the products' own roundings
     for e, w1e in terms["W1"].items():
         rows = (terms["expert"] == e).nonzero().flatten()
         col = w1e.abs().sum(1)
         dg[rows] += _flush(x_sums[rows], col[:inter], hidden)
         dv[rows] += _flush(x_sums[rows], col[inter:], hidden)
         rss = _products_rss(x[terms["token"][rows]], w1e)
-        dg[rows] += p.dot * torch.minimum(terms["sg"][rows], g[rows].abs() + SUM_LAMBDA * rss[:, :inter])
-        dv[rows] += p.dot * torch.minimum(terms["sv"][rows], v[rows].abs() + SUM_LAMBDA * rss[:, inter:])
+        dg_dot[rows] = p.dot * torch.minimum(terms["sg"][rows], 2 * g[rows].abs() + SUM_LAMBDA * rss[:, :inter])
+        dv_dot[rows] = p.dot * torch.minimum(terms["sv"][rows], 2 * v[rows].abs() + SUM_LAMBDA * rss[:, inter:])
     silu = g * torch.sigmoid(g)
     dh = float64_on(swiglu(g, v, h, p), device) + v.abs() * 1.1 * dg + silu.abs() * dv
+    dh_dot = v.abs() * 1.1 * dg_dot + silu.abs() * dv_dot
     do = torch.zeros_like(terms["o"])
     for e, w2e in terms["W2"].items():
         rows = (terms["expert"] == e).nonzero().flatten()
         a = w2e.abs()
         s_o = h[rows].abs() @ a.T
-        products = torch.minimum(s_o, terms["o"][rows].abs() + SUM_LAMBDA * _products_rss(h[rows], w2e))
-        do[rows] = a2 * s_o + p.dot * products + dh[rows] @ a.T + _flush(h[rows].abs().sum(1), a.sum(1), inter)
+        products = torch.minimum(s_o, 2 * terms["o"][rows].abs() + SUM_LAMBDA * _products_rss(h[rows], w2e))
+        carried = dh_dot[rows] @ a.T
+        if rows.numel() * hidden * hidden * inter <= JACOBIAN_BUDGET:
+            composed = _first_gemm_roundings(x[terms["token"][rows]], terms["W1"][e], w2e, g[rows], v[rows], p.dot)
+            carried = torch.minimum(carried, composed)
+        do[rows] = a2 * s_o + p.dot * products + dh[rows] @ a.T + carried \
+            + _flush(h[rows].abs().sum(1), a.sum(1), inter)
     w = terms["weight"]
     r_w = r_w if isinstance(r_w, float) else r_w.expand(-1, ids.shape[1]).reshape(-1)[:, None]
     wo = (w[:, None] * terms["o"]).abs()
