@@ -179,7 +179,8 @@ def fused_moe_cases(draw, dtype: torch.dtype, limits: Limits = NO_LIMITS, routin
     h_lo = SCALE_BLOCK + 1 if fp8 and min(h_top, _count_limit(limits, "H", h_top)) > SCALE_BLOCK \
         and draw(st.booleans()) else 1
     h = draw(limits.size("H", h_lo, max(h_lo, h_top), blocks=(SCALE_BLOCK, 32, 64)))
-    i = draw(limits.size("I", 1, max(1, min(i_max, budget // (t * k * h), weights // (2 * e * h))), blocks=(SCALE_BLOCK, 32, 64)))
+    i_top = max(1, min(i_max, budget // (t * k * h), weights // (2 * e * h)))
+    i = draw(limits.size("I", 1, i_top, blocks=(SCALE_BLOCK, 32, 64)))
     # the routing's structure: an expert at a row-block edge, empty experts, duplicate rows
     free = e - k  # experts that can be left out of every row
     target = None
