@@ -107,8 +107,8 @@ def _products_rss(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (rows.square() @ w.square().T).sqrt()
 
 
-# pairs x H x H x I: above it the first GEMM's roundings travel over I worst-case (the linear
-# bound): 2**36 multiply-adds of one example's Jacobians, about a second on a GPU in fp64.
+# pairs x H x H x I, all experts': above it the first GEMM's roundings travel over I worst-case
+# (the linear bound): 2**36 multiply-adds of one example's Jacobians, under a second on a GPU in fp64.
 JACOBIAN_BUDGET = 2**36
 
 
@@ -172,13 +172,14 @@ def pair_allowance(values: dict, p: Precision) -> tuple[torch.Tensor, torch.Tens
     dh = float64_on(swiglu(g, v, h, p), device) + v.abs() * 1.1 * dg + silu.abs() * dv
     dh_dot = v.abs() * 1.1 * dg_dot + silu.abs() * dv_dot
     do = torch.zeros_like(terms["o"])
+    jacobians = ids.numel() * hidden * hidden * inter <= JACOBIAN_BUDGET
     for e, w2e in terms["W2"].items():
         rows = (terms["expert"] == e).nonzero().flatten()
         a = w2e.abs()
         s_o = h[rows].abs() @ a.T
         products = torch.minimum(s_o, 2 * terms["o"][rows].abs() + SUM_LAMBDA * _products_rss(h[rows], w2e))
         carried = dh_dot[rows] @ a.T
-        if rows.numel() * hidden * hidden * inter <= JACOBIAN_BUDGET:
+        if jacobians:
             composed = _first_gemm_roundings(x[terms["token"][rows]], terms["W1"][e], w2e, g[rows], v[rows], p.dot)
             carried = torch.minimum(carried, composed)
         do[rows] = a2 * s_o + p.dot * products + dh[rows] @ a.T + carried \
