@@ -113,7 +113,7 @@ JACOBIAN_BUDGET = 2**36
 
 
 def _first_gemm_roundings(xs: torch.Tensor, w1e: torch.Tensor, w2e: torch.Tensor, g: torch.Tensor,
-                          v: torch.Tensor, dot: float) -> torch.Tensor:
+                          v: torch.Tensor, rss: torch.Tensor, dot: float) -> torch.Tensor:
     """The first GEMM's operand roundings (x's and W1's elements, each rounded once) carried to o
     [P, H] through the pair's linearised map: o's first-order error is ``sum_h x_h alpha_h M_jh +
     sum_ih W2_ji (a_i W1g_ih + b_i W1v_ih) x_h beta_ih`` with ``a = d silu(g) / dg v``, ``b =
@@ -122,14 +122,13 @@ def _first_gemm_roundings(xs: torch.Tensor, w1e: torch.Tensor, w2e: torch.Tensor
     by SUM_LAMBDA times its root sum of squares (Hoeffding). Equal values round alike (a constant
     x, weights of one magnitude), and a truncating conversion has a mean: at most ``dot |M x|``
     each sum, whatever the correlation (``|alpha|, |beta| <= dot``). Worst-case over I instead (x's
-    rounding is shared by the I dots) costs sqrt(I)."""
+    rounding is shared by the I dots) costs sqrt(I). ``rss``: the first GEMM's :func:`_products_rss`."""
     inter = v.shape[1]
     w1g, w1v = w1e[:inter], w1e[inter:]
     sig = torch.sigmoid(g)
     a, b = (sig + g * sig * (1 - sig)) * v, g * sig
     mean = (a * g + b * v) @ w2e.T  # M x
-    rss_w = ((a.square() * (xs.square() @ w1g.square().T) + b.square() * (xs.square() @ w1v.square().T))
-             @ w2e.square().T).sqrt()
+    rss_w = (((a * rss[:, :inter]).square() + (b * rss[:, inter:]).square()) @ w2e.square().T).sqrt()
     rss_x = torch.empty_like(mean)
     hidden = xs.shape[1]
     step = max(1, 2**24 // (hidden * max(hidden, inter)))  # pairs a batch: [step, H, H] and [step, H, I]
@@ -160,14 +159,15 @@ def pair_allowance(values: dict, p: Precision) -> tuple[torch.Tensor, torch.Tens
     dg = a1 * terms["sg"] + r * g.abs() + p.floor
     dv = a1 * terms["sv"] + r * v.abs() + p.floor
     dg_dot, dv_dot = torch.zeros_like(g), torch.zeros_like(v)  # the products' own roundings
+    rss = torch.zeros(g.shape[0], 2 * inter, dtype=g.dtype, device=g.device)  # their root sums of squares
     for e, w1e in terms["W1"].items():
         rows = (terms["expert"] == e).nonzero().flatten()
         col = w1e.abs().sum(1)
         dg[rows] += _flush(x_sums[rows], col[:inter], hidden)
         dv[rows] += _flush(x_sums[rows], col[inter:], hidden)
-        rss = _products_rss(x[terms["token"][rows]], w1e)
-        dg_dot[rows] = p.dot * torch.minimum(terms["sg"][rows], 2 * g[rows].abs() + SUM_LAMBDA * rss[:, :inter])
-        dv_dot[rows] = p.dot * torch.minimum(terms["sv"][rows], 2 * v[rows].abs() + SUM_LAMBDA * rss[:, inter:])
+        rss[rows] = _products_rss(x[terms["token"][rows]], w1e)
+        dg_dot[rows] = p.dot * torch.minimum(terms["sg"][rows], 2 * g[rows].abs() + SUM_LAMBDA * rss[rows, :inter])
+        dv_dot[rows] = p.dot * torch.minimum(terms["sv"][rows], 2 * v[rows].abs() + SUM_LAMBDA * rss[rows, inter:])
     silu = g * torch.sigmoid(g)
     dh = float64_on(swiglu(g, v, h, p), device) + v.abs() * 1.1 * dg + silu.abs() * dv
     dh_dot = v.abs() * 1.1 * dg_dot + silu.abs() * dv_dot
@@ -180,7 +180,8 @@ def pair_allowance(values: dict, p: Precision) -> tuple[torch.Tensor, torch.Tens
         products = torch.minimum(s_o, 2 * terms["o"][rows].abs() + SUM_LAMBDA * _products_rss(h[rows], w2e))
         carried = dh_dot[rows] @ a.T
         if jacobians:
-            composed = _first_gemm_roundings(x[terms["token"][rows]], terms["W1"][e], w2e, g[rows], v[rows], p.dot)
+            composed = _first_gemm_roundings(x[terms["token"][rows]], terms["W1"][e], w2e, g[rows], v[rows], rss[rows],
+                                             p.dot)
             carried = torch.minimum(carried, composed)
         do[rows] = a2 * s_o + p.dot * products + dh[rows] @ a.T + carried \
             + _flush(h[rows].abs().sum(1), a.sum(1), inter)

@@ -165,7 +165,7 @@ class Scan:
             # a kernel that folds the decay to the chunk's end into the write before rounding it (mamba_ssm
             # rounds B exp(G_end - G_j) d_j to x's dtype) leaves that rounding undecayed: |x_j| times at most
             # min(B_j w_j, f0) (rounding never moves a value past 0, w_j <= d_j), independent over j
-            in_chunk = in_chunk + (xt * torch.minimum(bt * self.d[:, t, :, None, None], torch.full_like(bt, self.f0))) ** 2
+            in_chunk = in_chunk + (xt * (bt * self.d[:, t, :, None, None]).clamp(max=self.f0)) ** 2
             habs = e * habs + write
             v_round = e ** 2 * v_round + (2 * self.p.compute * habs) ** 2
             yield habs, h_eps + SUM_LAMBDA * in_chunk.sqrt(), v_round, write
