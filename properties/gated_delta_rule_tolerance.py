@@ -45,7 +45,9 @@ multiplied by A_t ... A_{s+1}, never enlarged, and damped along every key writte
   lands in its subnormals below 6e-5, off by up to half their spacing fl (3e-8): a product
   errs by max(F, fl) times its other operand, a pseudo-value stored in fp16 by KAPPA fl. Charged on the write (k and h' in the read h'^T k, a chunk's k . k
   products times the pseudo-values they weight: F (sum_d |h'[d, e]| + ||k_t||_1 +
-  sum_j |u_j[e]|), j over the C tokens before t) and on o (q and h, the scores and the
+  sum_j |u_j[e]|), j over the C tokens before t, times max(beta_t, 1): fla multiplies k and v
+  by beta and stores them in fp16 before the read, so a small beta does not shrink the
+  misread; v beta itself by F) and on o (q and h, the scores and the
   pseudo-values: F (sum_d |h_t[d, e]| + ||q_t||_1 + sum_j |u_j[e]| + sum_j |(q_t . k_j)
   R|)). Negligible unless a case's magnitudes span fp32's range (a value near the max
   scales the rest of its tensor into the subnormals).
@@ -112,6 +114,17 @@ def floor_units(dtype: torch.dtype) -> tuple[float, float]:
     return max(DOT_READ_FLOOR, half_sub), half_sub
 
 
+def _write_floor(floors: tuple[float, float], bt, kt, h, window):
+    """The pseudo-value's misreads near underflow (module docstring, Underflow), [B, H, V]: k_t
+    and h in the read h^T k, the chunk's k . k products times the pseudo-values they weight
+    (``window``), each off by floors[0] times the other operand and then by beta; a kernel that
+    folds beta in first (fla stores k beta and v beta in the input dtype) reads them off by
+    floors[0] whatever beta, so beta counts as at least 1; v beta misread by floors[0]; u_t
+    itself rounded into the dtype's subnormals."""
+    reads = floors[0] * (h.abs().sum(-2) + kt.abs().sum(-1, keepdim=True) + window)
+    return bt.clamp(min=1.0) * reads + floors[0] + KAPPA * floors[1]
+
+
 def _decay_error(g: torch.Tensor, chunk: int) -> torch.Tensor:
     """Relative error of the decays reaching token t, [B, T, H] (module docstring)."""
     lam = torch.cumsum(g.abs(), dim=1)
@@ -146,12 +159,8 @@ def _forward_pass(q, k, v, g, beta, h0, u_op, chunk: int = DEFAULT_CHUNK, floors
             "bhkv,bhlv->bhvkl", hp, hp)
         kt, bt = k[:, t], beta[:, t][:, :, None]
         u = bt * (v[:, t] - torch.einsum("bhk,bhkv->bhv", kt, hp))
-        # operands read as up to floors[0] off (flushed subnormals, fp16's subnormal spacing): k and
-        # h' in the read, the chunk's k . k products times the pseudo-values they weight; u_t itself
-        # rounded near underflow
-        window = torch.stack(recent).sum(0) if recent else 0.0
-        floor = floors[0] * (hp.abs().sum(-2) + kt.abs().sum(-1, keepdim=True) + window) + KAPPA * floors[1]
-        m = KAPPA * u_op * bt * (v[:, t].abs() + torch.einsum("bhk,bhkv->bhv", kt.abs(), hp.abs())) + bt * floor
+        m = KAPPA * u_op * bt * (v[:, t].abs() + torch.einsum("bhk,bhkv->bhv", kt.abs(), hp.abs())) \
+            + _write_floor(floors, bt, kt, hp, torch.stack(recent).sum(0) if recent else 0.0)
         recent.append(u.abs())
         del recent[:-chunk]
         h = hp + kt[..., :, None] * u[..., None, :]
@@ -303,8 +312,8 @@ def gated_delta_rule_grad(q, k, v, g, beta, scale, initial_state, cu_seqlens, do
                 du_var = _quad(N, kt) + rd * read_D
                 dr = -bt * du
                 Dp = D + kt[..., :, None] * dr[..., None, :]
-                adj_floor = floors[0] * (D.abs().sum(-2) + kt.abs().sum(-1, keepdim=True)) + KAPPA * floors[1]
-                Np = _propagate(N, kt, bt) + ((KAPPA * u_op * bt) ** 2 * read_D + (bt * adj_floor) ** 2)[..., None, None] \
+                adj_floor = _write_floor(floors, bt, kt, D, 0.0)
+                Np = _propagate(N, kt, bt) + ((KAPPA * u_op * bt) ** 2 * read_D + adj_floor ** 2)[..., None, None] \
                     * (kt[..., :, None] * kt[..., None, :])[:, :, None]
                 r = torch.einsum("bhkv,bhk->bhv", hp, kt)
                 r_var = _quad(Mp, kt)

@@ -50,7 +50,9 @@ tau_tj = R_tj d_j x_j (C_t . B_j) over j <= t plus the initial state's exp(G_t) 
   (``gated_delta_rule_tolerance.floor_units``): the products C . B misread by f0 (||C_t||_1
   + ||B_j||_1) times R d |x_j|, the chunk's scores and x by f0 (|x_j| + |score|) over the C
   tokens up to t, the state read by f0 (||C_t||_1 + sum_n |h|_t); each write's product of
-  two of d, x_j[p], B_j[n] flushed before the third by f0 (|x_j[p]| + |B_j[n]| + d_j), decayed
+  two of d, x_j[p], B_j[n] flushed before the third by f0 (|x_j[p]| + |B_j[n]| + d_j), and each
+  factor misread alone by f0 times the other two (|B_j[n]| d_j + |x_j[p]| d_j + |x_j[p]| |B_j[n]|:
+  mamba_ssm's tf32 dot reads a subnormal x on tf32's grid of 2^-136, times B R d), decayed
   into the state like H^E; over the chunk's own tokens a kernel may round the write after
   folding in its decay to the chunk's end (mamba_ssm rounds B R d to x's dtype), off by at
   most min(|B_j| d_j, f0) undecayed, times |x_j|, independently over j (SUM_LAMBDA times the
@@ -157,8 +159,11 @@ class Scan:
             e = torch.exp(self.a[:, t])[:, :, None, None]
             xt, bt = self.x[:, t, :, :, None].abs(), self.Bh[:, t, :, None, :].abs()
             write = self.d[:, t, :, None, None] * xt * bt
-            # a pair's product below fp32's smallest normal (d x, d B or x B) flushed before the third factor
-            floor = self.f0 * (xt + bt + self.d[:, t, :, None, None])
+            # near underflow, one factor of d x B misread by f0 times the other two (a dot operand below F: mamba's
+            # x^T (B w) reads x, a tf32 subnormal on a grid of 2^-136 or flushed, beside d B), or a pair's product
+            # below F misread before the third factor
+            step = self.d[:, t, :, None, None]
+            floor = self.f0 * (xt + bt + step + bt * step + xt * step + xt * bt)
             if (t + 1) % DECAY_COMPOUND == 0 or t == self.x.shape[1] - 1:
                 floor = floor + self.half  # a chunk's state increment rounded into the dtype's subnormals
             h_eps = e * (h_eps + (self.eps_d[:, t] * self.a[:, t].abs())[:, :, None, None] * habs) + floor
