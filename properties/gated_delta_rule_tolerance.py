@@ -35,6 +35,16 @@ multiplied by A_t ... A_{s+1}, never enlarged, and damped along every key writte
   tokens; simulating a bfloat16 chunked kernel that rounds T, U, W and the chunk state
   as fla does gave errors of at most 3.8 of these standard deviations at KAPPA = 1, T up
   to 1024, K 16 and 64, beta uniform, small or 1, g 0 or down to -1 a token.)
+* The chunk's own tokens (chunked form). A chunked kernel computes the chunk's pseudo-values
+  at once, U = T (beta Y) from the chunk's starting state, and then S0 + K^T U and o from U:
+  an error of u_j reaches the final state and the chunk's later outputs undamped by the
+  chunk's later transitions (only decayed by exp(G_t - G_j)), where the recurrence above
+  damps it. The C tokens up to t (the final state: up to the last token) add their m_j^2 k_j
+  k_j^T and writes to the final state's variance, and (q_t . k_j)^2 exp(2 (G_t - G_j)) m_j^2 to
+  o's, undamped, besides the damped ones (those still bound the recurrent form and the
+  earlier chunks, whose errors the next chunk's U does damp: it is linear in S0). With
+  v_0 = fp32's largest value and g = 0 the project's kernel's final state was off by 1.3e30
+  where the damped terms allowed 6.5e29 (T's rounding times beta v_0 on the u_i after it).
 * The read of o: q_t^T h_t and, in a chunked kernel, sum_{j <= i} (q_i . k_j) R_ij u_j
   over the chunk, each product's operands rounded (KAPPA_READ u_op) and the roundings
   independent: SUM_LAMBDA KAPPA_READ u_op scale sqrt(sum_d (q_t[d] h_t[d, e])^2 +
@@ -193,7 +203,8 @@ def gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens, o, fina
         cum = torch.cumsum(gs, dim=1)  # [1, T, H]
         h, M = start, q.new_zeros(nb, H, V, K, K)
         pseudo: list[torch.Tensor] = []  # u_j of the C tokens up to t
-        for t, (_, h, u, _, M) in enumerate(_forward_pass(*args, start, u_op, chunk, floors)):
+        errors: list[torch.Tensor] = []  # m_j of the same tokens
+        for t, (_, h, u, m, M) in enumerate(_forward_pass(*args, start, u_op, chunk, floors)):
             qt = qs[:, t]
             var = torch.einsum("bhk,bhvkl,bhl->bhv", qt, M, qt).clamp(min=0)
             terms = torch.einsum("bhk,bhkv->bhv", qt ** 2, h ** 2)  # sum_d (q_d h_de)^2
@@ -202,9 +213,12 @@ def gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens, o, fina
             w0 = max(0, t + 1 - chunk)
             scores = torch.einsum("bhk,bjhk->bjh", qt, ks[:, w0:t + 1]) * torch.exp(cum[:, t, None] - cum[:, w0:t + 1])
             pseudo.append(u)
-            del pseudo[:-chunk]
+            errors.append(m)
+            del pseudo[:-chunk], errors[:-chunk]
             stacked = torch.stack(pseudo)
             intra = torch.einsum("bjh,jbhv->bhv", scores ** 2, stacked ** 2)
+            # the chunk's own pseudo-values' errors, undamped by its later tokens (chunked form)
+            var = var + torch.einsum("bjh,jbhv->bhv", scores ** 2, torch.stack(errors) ** 2)
             # flushed operands: q and h in the read, the scores and the pseudo-values they weight
             floor = floors[0] * (h.abs().sum(-2) + qt.abs().sum(-1, keepdim=True) + stacked.abs().sum(0)
                                  + scores.abs().sum(1)[..., None])
@@ -213,7 +227,14 @@ def gated_delta_rule(q, k, v, g, beta, scale, initial_state, cu_seqlens, o, fina
             ot = o[rows, toks][:, t]
             allowed_o[rows, toks.start + t] = SAFETY * scale * err + p.store * ot.abs().nan_to_num(0.0) + p.floor
         last = decay[:, -1, :, None, None] if qs.shape[1] else 0.0
-        spread = SUM_LAMBDA * torch.diagonal(M, dim1=-2, dim2=-1).clamp(min=0).sqrt().transpose(-1, -2)  # [1,H,K,V]
+        diag = torch.diagonal(M, dim1=-2, dim2=-1).clamp(min=0).transpose(-1, -2)  # [1, H, K, V]
+        if errors:  # the last chunk's pseudo-values and writes, undamped (chunked form), decayed to the end
+            n = len(errors)
+            to_end = torch.exp(cum[:, -1:] - cum[:, -n:]).transpose(0, 1)[..., None, None] ** 2  # [n, 1, H, 1, 1]
+            kj = ks[:, -n:].transpose(0, 1)[..., None] ** 2  # [n, 1, H, K, 1]
+            diag = diag + (to_end * kj * ((torch.stack(errors) ** 2)[:, :, :, None, :]
+                                          + (KAPPA_READ * u_op * stacked[:, :, :, None, :]) ** 2)).sum(0)
+        spread = SUM_LAMBDA * diag.sqrt()
         allowed_f[states] = SAFETY * (spread + last * h.abs()) + U32 * h.abs() + p.floor
     return allowed_o.cpu().numpy(), allowed_f.cpu().numpy()
 

@@ -287,8 +287,8 @@ def test_gdr_beta_folded_into_float16_keys_is_within_the_rule():
     final = np.asarray(expected["final_state"])[0, 0]
     assert abs(fla_like[12, 4] - 0.199510679) < 1e-8  # the H200's value
     assert np.all(np.abs(fla_like - final) <= allowed[0, 0])
-    # the floor is the subnormals' spacing times h, not a share of the state
-    assert np.all(allowed[0, 0] < 1e-3 * np.abs(final))
+    # the floor is the subnormals' spacing times h, not a share of the state: within 3 u(float16) of it
+    assert np.all(allowed[0, 0] < 1.5e-3 * np.abs(final))
 
 
 def _float32_case(op: str, args: tuple, tensors: dict, params: dict) -> Case:
@@ -298,14 +298,13 @@ def _float32_case(op: str, args: tuple, tensors: dict, params: dict) -> Case:
                            "params": params})
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "open gap of the gated delta rule's rule (found on CPU, 2026-11-28): a chunked kernel's pseudo-values "
-    "U = T (beta V) of the current chunk reach the final state undamped by the chunk's later tokens; the rule "
-    "damps every token's error by the later transitions. Here beta v_0 ~ 2e38 (v_0 = fp32's largest value), g = 0: "
-    "T's rounding times beta v_0 puts ~u32 |T_i0| 2e38 on u_i, and the final state (1e33 after the damping) is off "
-    "by 1.3e30 where 6.5e29 is allowed. Charging it undamped at the rule's u_op (sum_error(C) u32 on T's dot) is "
-    "vacuous on this case (1e33); a term from T's own entries is the fix"))
 def test_gdr_chunk_pseudo_values_reach_the_final_state_undamped():
+    # found on CPU (a random draw of g_zero_is_ungated, the project's kernel in float32): a chunked kernel's
+    # pseudo-values U = T (beta Y) of the current chunk reach the final state (S0 + K^T U) and o undamped by
+    # the chunk's later tokens, which the rule's recurrence damped. beta v_0 ~ 2e38 (v_0 = fp32's largest
+    # value), g = 0: T's rounding times beta v_0 puts ~u32 |T_i0| 2e38 on u_i, and the final state, 1e33
+    # after the damping, is off by 1.3e30. The chunk's terms undamped: within the rule at 0.003 of it, one
+    # element of 80 (the 1e33 one, a cancellation of 2e38) allowed more than its size.
     from tritoncheck.kernels.gated_delta_rule import gated_delta_rule as kernel
     from tritoncheck.properties.gated_delta_rule import OP
     case = _float32_case(OP, ("q", "k", "v", "g", "beta", "scale", "initial_state", "cu_seqlens"),
@@ -315,7 +314,7 @@ def test_gdr_chunk_pseudo_values_reach_the_final_state_undamped():
                          {"scale": None, "key_norm": 1.0, "beta_map": "sigmoid", "g_map": "neg_abs",
                           "initial_state": None, "cu_seqlens": None})
     check = {c.name: c for c in OPS[OP].checks}["g_zero_is_ungated"]
-    check.run(case, registry.Implementation.of(OP, kernel))
+    check.run(case, registry.Implementation.of(OP, kernel))  # 2x over (1.3e30 where 6.5e29) before the term
 
 
 @pytest.mark.parametrize("coherent", [False, True], ids=["random", "coherent"])
