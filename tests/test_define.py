@@ -105,6 +105,64 @@ def test_cases_follow_the_signature(scratch_ops):
     assert gather.name == "gather_scaled"
 
 
+def _addmm(a, b, bias):
+    """a @ b (+ bias)."""
+    return a @ b if bias is None else a @ b + bias
+
+
+def _addmm_fp32(a, b, bias=None):  # correct: fp32 accumulation, one rounding to the input dtype
+    out = a.float() @ b.float()
+    return (out if bias is None else out + bias.float()).to(a.dtype)
+
+
+def _addmm_bias_ignored(a, b, bias=None):
+    return (a.float() @ b.float()).to(a.dtype)
+
+
+def test_an_optional_tensor_is_drawn_absent_and_present_and_checked_both_ways(scratch_ops):
+    tc.op("optional_bias", inputs={"a": tc.Tensor("M", "K"), "b": tc.Tensor("K", "N"),
+                                   "bias": tc.Tensor("N", optional=True)},
+          grads=("a", "b", "bias"), independent=("M",))(_addmm)
+    spec = registry.OPS["optional_bias"]
+    assert "bias [N] or None" in spec.meaning
+    checks = {c.name: c for c in spec.checks}
+    good = registry.Implementation.of("optional_bias", _addmm_fp32)
+    bad = registry.Implementation.of("optional_bias", _addmm_bias_ignored)
+    seen, caught = set(), []
+
+    @settings(max_examples=30, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(case=spec.cases(torch.float16))
+    def check(case: Case):
+        present = "bias" in case.tensors
+        assert present != ("bias" in case.params), "an absent tensor is a None parameter, a present one a tensor"
+        seen.add(present)
+        for name in ("matches_reference", "rows_independent", "inputs_unchanged"):
+            checks[name].run(case, good)
+        if present and case.tensors["bias"].family not in ("zeros", "tiny"):
+            try:
+                checks["matches_reference"].run(case, bad)
+            except AssertionError:
+                caught.append(case)
+    check()
+    assert seen == {True, False}
+    assert caught, "a kernel that ignores the bias passed every case with a bias"
+    with_gradients = set()
+
+    @settings(max_examples=15, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(case=checks["gradients_match_reference"].cases(spec, torch.float32))
+    def gradients(case: Case):  # dbias where the bias is passed; a, b alone where it is None
+        with_gradients.add("bias" in case.tensors)
+        checks["gradients_match_reference"].run(case, good)
+        checks["backward_repeatable"].run(case, good)
+    gradients()
+    assert with_gradients == {True, False}
+
+
+def test_an_op_needs_a_tensor_that_is_always_passed(scratch_ops):
+    with pytest.raises(ValueError, match="at least one Tensor input that is not optional"):
+        tc.op("all_optional", inputs={"x": tc.Tensor("N", optional=True)})(lambda x: x)
+
+
 def test_every_long_dim_reaches_the_tile_boundaries(scratch_ops):
     """The lead dim's length classes: 2^k - 1, 2^k, 2^k + 1, past 4096, past 65536."""
     from tritoncheck.strategies import length_classes_reached

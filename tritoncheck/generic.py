@@ -135,21 +135,23 @@ def require_grad_fn(op: OpSpec, impl: Implementation, outs: Mapping[str, torch.T
 def _graph(op: OpSpec, case: Case, impl: Implementation, values: dict[str, Any]):
     """Run ``impl`` with its differentiable inputs requiring grad: the outputs, and the
     (outputs, inputs, upstream gradients) that ``torch.autograd.grad`` takes."""
-    for name in op.grad_inputs:
+    names = op.present_grad_inputs(values)
+    for name in names:
         values[name] = values[name].detach().requires_grad_(True)
     _, outs = run(case, impl, values)
     require_grad_fn(op, impl, outs)
-    return (outs, [outs[n] for n in op.grad_outputs], [values[n] for n in op.grad_inputs],
+    return (outs, [outs[n] for n in op.grad_outputs], [values[n] for n in names],
             [values[f"d{n}"] for n in op.grad_outputs])
 
 
 def _backward(op: OpSpec, case: Case, impl: Implementation, values: dict[str, Any]):
     outs, ys, xs, dys = _graph(op, case, impl, values)
+    names = op.present_grad_inputs(values)
     grads = refusals.gradients(impl.fn, ys, xs, dys, allow_unused=True)
-    for name, g in zip(op.grad_inputs, grads):
+    for name, g in zip(names, grads):
         if g is None:
             raise AssertionError(f"no gradient reached input {name!r} through {impl.name}")
-    return outs, dict(zip(op.grad_inputs, grads))
+    return outs, dict(zip(names, grads))
 
 
 def gradients_match_reference(case: Case, impl: Implementation, in_domain=None, max_allowed: float | None = None) -> None:
@@ -179,14 +181,14 @@ def gradients_match_reference(case: Case, impl: Implementation, in_domain=None, 
     # discard table) and draw another, instead of counting it as a pass. On CPU in
     # bfloat16 most attention gradient examples were such (the CI run of this round).
     assume(not any(allowance_mostly_vacuous(np_grads[n], allowed[f"d{n}"], values[n].dtype, noise[f"d{n}"])
-                   for n in op.grad_inputs))
+                   for n in np_grads))
     # before the implementation: a kernel may write into its inputs (Liger's cross-entropy
     # stores the gradient in the logits), and PyTorch must see the inputs as drawn
     with timed("torch baseline"):
         baseline = parity.baseline_grad_errors(op.name, case, values, np_grads)
     with timed("kernel"):
         _, grads = _backward(op, case, impl, values)
-    for name in op.grad_inputs:
+    for name in np_grads:
         if grads[name].dtype != values[name].dtype:
             raise AssertionError(f"gradient of {name!r} has dtype {grads[name].dtype}, input has {values[name].dtype}")
         with timed("compare"):
@@ -206,12 +208,13 @@ def _autograd_reference(op: OpSpec, case: Case, values: dict[str, Any]):
             args64[name] = t.requires_grad_(name in op.grad_inputs)
         else:
             args64[name] = v
+    names = op.present_grad_inputs(args64)
     outs64 = op.unpack(op.torch_reference(*(args64[a] for a in case.args)))
     dys64 = [args64[f"d{n}"] for n in op.grad_outputs]
-    grads64 = torch.autograd.grad([outs64[n] for n in op.grad_outputs], [args64[n] for n in op.grad_inputs], dys64)
+    grads64 = torch.autograd.grad([outs64[n] for n in op.grad_outputs], [args64[n] for n in names], dys64)
     np_in = {k: to_numpy(v) if isinstance(v, torch.Tensor) else v for k, v in args64.items()}
     np_out = {k: to_numpy(v) for k, v in outs64.items()}
-    np_grads = {n: to_numpy(g) for n, g in zip(op.grad_inputs, grads64)}
+    np_grads = {n: to_numpy(g) for n, g in zip(names, grads64)}
     return np_in, np_out, np_grads
 
 
@@ -321,7 +324,7 @@ def deterministic(case: Case, impl: Implementation) -> None:
     if op.grad_inputs and impl.supports_backward and set(op.grad_outputs) <= set(first):
         _, g1 = _backward(op, case, impl, dict(values))
         _, g2 = _backward(op, case, impl, dict(values))
-        for name in op.grad_inputs:
+        for name in g1:
             assert_identical(f"d{name}", g1[name], g2[name], f"{impl.name}'s backward is not deterministic")
 
 
@@ -331,11 +334,12 @@ def backward_repeatable(case: Case, impl: Implementation) -> None:
     for bit, and leaves the gradients the first one returned untouched: a backward that
     writes its results into the tensors it saved in forward is right once only."""
     op = OPS[case.op]
-    _, ys, xs, dys = _graph(op, case, impl, case.materialise(backend.device()))
+    values = case.materialise(backend.device())
+    _, ys, xs, dys = _graph(op, case, impl, values)
     first = refusals.gradients(impl.fn, ys, xs, dys, retain_graph=True, allow_unused=True)
     kept = [g.clone() if g is not None else None for g in first]
     second = refusals.gradients(impl.fn, ys, xs, dys, allow_unused=True)
-    for name, g1, k1, g2 in zip(op.grad_inputs, first, kept, second):
+    for name, g1, k1, g2 in zip(op.present_grad_inputs(values), first, kept, second):
         if k1 is None or g2 is None:
             raise AssertionError(f"no gradient reached input {name!r} through {impl.name}")
         assert_identical(f"d{name}", k1, g2, f"a second backward through {impl.name}'s graph differs from the first")

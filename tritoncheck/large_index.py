@@ -176,7 +176,7 @@ def check(op: str, impl: Implementation, dtype: torch.dtype, device: torch.devic
         if name in values and values[name] not in allowed:
             values[name] = allowed[0]  # a value its declared limits exclude: the problem at one they allow
     # the gradients of the inputs the problem passes (an optional one it leaves out is None)
-    grad_inputs = tuple(n for n in spec.grad_inputs if isinstance(values.get(n), torch.Tensor))
+    grad_inputs = spec.present_grad_inputs(values)
     grads_wanted = bool(grad_inputs) and impl.supports_backward
     for name in grad_inputs if grads_wanted else ():
         values[name] = values[name].detach().requires_grad_(True)

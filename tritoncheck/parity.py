@@ -111,20 +111,21 @@ def baseline_grad_errors(op: str, case, values: Mapping[str, Any], expected: Map
     """PyTorch's largest gradient error per differentiable input (keys ``d<input>``)."""
     from tritoncheck.registry import OPS
     spec = OPS[op]
-    names = [f"d{n}" for n in spec.grad_inputs]
+    present = spec.present_grad_inputs(values)
+    names = [f"d{n}" for n in present]
     if spec.baseline is None:
         return {name: f"{op}'s record has no plain-PyTorch baseline" for name in names}
-    args = {k: (v.detach().clone().requires_grad_(k in spec.grad_inputs) if isinstance(v, torch.Tensor) else v)
+    args = {k: (v.detach().clone().requires_grad_(k in present) if isinstance(v, torch.Tensor) else v)
             for k, v in values.items()}
     try:
         with torch.enable_grad():
             outs = spec.unpack(spec.baseline(case, args, {}))
-            grads = torch.autograd.grad([outs[n] for n in spec.grad_outputs], [args[n] for n in spec.grad_inputs],
+            grads = torch.autograd.grad([outs[n] for n in spec.grad_outputs], [args[n] for n in present],
                                         [values[f"d{n}"] for n in spec.grad_outputs], allow_unused=True)
     except Exception as exc:  # noqa: BLE001 - as above
         return {name: f"plain PyTorch's backward could not run here ({type(exc).__name__}: {exc})" for name in names}
     out = {}
-    for n, g in zip(spec.grad_inputs, grads):
+    for n, g in zip(present, grads):
         try:
             out[f"d{n}"] = _error(oracle.compare(f"d{n}", g, expected[n], MEASURE_ONLY, dtype=values[n].dtype))
         except (AssertionError, TypeError) as exc:  # no gradient (None), or one of another shape

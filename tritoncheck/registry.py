@@ -251,6 +251,11 @@ class OpSpec:
     def tensor_arguments(self) -> tuple[str, ...]:
         return tuple(a for a in self.arguments if a not in self.scalars)
 
+    def present_grad_inputs(self, values: Mapping[str, Any]) -> tuple[str, ...]:
+        """The differentiable inputs a call passes as tensors: an optional one (a bias, an
+        initial state) passed as None has no gradient to check."""
+        return tuple(n for n in self.grad_inputs if isinstance(values.get(n), torch.Tensor))
+
     def unpack(self, result) -> dict[str, torch.Tensor]:
         """Name the outputs an implementation returned, checking their number and type."""
         items = result if isinstance(result, (tuple, list)) else (result,)

@@ -14,7 +14,8 @@ implementation's declared limits bound every dim and scalar.
 
 Values: each tensor's domain (``finite()`` by default) chooses the families, the cap and
 the injected specials; layouts are drawn for every tensor (permuted, sliced with NaN gaps,
-offset) unless its ``layouts=False``. Scalars come from their choices or interval.
+offset) unless its ``layouts=False``; an ``optional`` tensor is drawn absent (None, a
+parameter of the case) or present. Scalars come from their choices or interval.
 """
 from __future__ import annotations
 
@@ -152,6 +153,9 @@ def cases(draw, definition: "Definition", dtype: torch.dtype, limits: Limits = N
     for name, spec in sig.inputs.items():
         if isinstance(spec, Scalar):
             params[name] = draw(scalar_values(name, spec, limits))
+            continue
+        if spec.optional and not draw(st.booleans()):  # shrinks toward absent
+            params[name] = None
             continue
         dtypes = spec.dtype if isinstance(spec.dtype, tuple) else (spec.dtype,)
         chosen = draw(st.sampled_from(tuple(dict.fromkeys(d or dtype for d in dtypes))))

@@ -237,7 +237,8 @@ def _described(fn: Callable, rule: rules.Rule) -> Callable:
 
 
 def _grad_rule(judge: rules.Judge, grad_inputs, grad_outputs, case, inputs64, outputs64, grads64, p):
-    return judge.backward(case, inputs64, outputs64, grads64, p, grad_inputs, grad_outputs)
+    present = tuple(n for n in grad_inputs if n in grads64)  # an optional input passed as None has none
+    return judge.backward(case, inputs64, outputs64, grads64, p, present, grad_outputs)
 
 
 def _meaning(d: Definition) -> str:

@@ -103,17 +103,20 @@ class Tensor:
     """A tensor argument: its shape (entries above), its dtype (None: the case's dtype; a
     dtype; or a tuple of dtypes drawn among, e.g. tables in fp32 or in the input's dtype),
     its values (a domain, default ``finite()``), extra ``specials`` injected at single
-    positions, and whether non-contiguous layouts are drawn (``layouts=False``: always
-    contiguous, for an argument your kernel documents as contiguous-only)."""
+    positions, whether non-contiguous layouts are drawn (``layouts=False``: always
+    contiguous, for an argument your kernel documents as contiguous-only), and whether it
+    may be None (``optional=True``: a bias, a mask, an initial state; drawn absent or
+    present, shrinking toward absent; the reference receives None when it is absent)."""
 
     shape: tuple
     dtype: torch.dtype | tuple[torch.dtype, ...] | None
     values: Domain
     specials: tuple[float, ...]
     layouts: bool
+    optional: bool
 
     def __init__(self, *shape, dtype=None, values: Domain | None = None, specials: Sequence[float] = (),
-                 layouts: bool = True):
+                 layouts: bool = True, optional: bool = False):
         where = f"Tensor{shape!r}"
         entries = tuple(parse_entry(e, where) for e in shape)
         if entries.count(BATCH) > 1 or (BATCH in entries and entries[0] != BATCH):
@@ -122,20 +125,22 @@ class Tensor:
         if not dtypes or any(d is not None and not isinstance(d, torch.dtype) for d in dtypes):
             raise TypeError(f"{where}: dtype must be None (the case's dtype), a torch dtype or a tuple of them, "
                             f"got {dtype!r}")
-        if not isinstance(layouts, bool):
-            raise TypeError(f"{where}: layouts must be True or False, got {layouts!r}")
+        for flag, value in (("layouts", layouts), ("optional", optional)):
+            if not isinstance(value, bool):
+                raise TypeError(f"{where}: {flag} must be True or False, got {value!r}")
         object.__setattr__(self, "shape", entries)
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "values", as_domain(values, where))
         object.__setattr__(self, "specials", tuple(float(s) for s in specials))
         object.__setattr__(self, "layouts", layouts)
+        object.__setattr__(self, "optional", optional)
 
     @property
     def dim_names(self) -> tuple[str, ...]:
         return tuple(e.name for e in self.shape if isinstance(e, DimExpression))
 
     def describe(self) -> str:
-        return "[" + ", ".join(str(e) for e in self.shape) + "]"
+        return "[" + ", ".join(str(e) for e in self.shape) + "]" + (" or None" if self.optional else "")
 
 
 @dataclass(frozen=True)
@@ -202,8 +207,8 @@ class Signature:
                 raise ValueError(f"inputs: argument names must be identifiers, got {name!r}")
             if not isinstance(spec, (Tensor, Scalar)):
                 raise TypeError(f"inputs[{name!r}] must be a Tensor(...) or a Scalar(...), got {spec!r}")
-        if not any(isinstance(s, Tensor) for s in self.inputs.values()):
-            raise ValueError("inputs: an op needs at least one Tensor input")
+        if not any(isinstance(s, Tensor) and not s.optional for s in self.inputs.values()):
+            raise ValueError("inputs: an op needs at least one Tensor input that is not optional")
         for name in self.outputs:
             if not isinstance(name, str) or not name.isidentifier() or name in self.inputs:
                 raise ValueError(f"outputs: names must be identifiers other than the inputs', got {name!r}")
@@ -280,8 +285,9 @@ class Signature:
 
     def first_axis(self, name: str) -> tuple[str, int]:
         """(tensor, axis) where the dim ``name`` first appears as itself (for declared limits;
-        an axis from the end when the tensor has batch dims)."""
-        for tensor, spec in self.tensors.items():
+        an axis from the end when the tensor has batch dims); a tensor that is always passed
+        first, an optional one only for a dim no other tensor has."""
+        for tensor, spec in sorted(self.tensors.items(), key=lambda item: item[1].optional):
             for i, e in enumerate(spec.shape):
                 if isinstance(e, DimExpression) and e.name == name and e.factor == e.divisor == 1:
                     return tensor, (i - len(spec.shape) if BATCH in spec.shape else i)
