@@ -4,7 +4,7 @@ import torch
 
 
 def bias_gelu_torch(x, bias, approximate="none"):
-    return torch.nn.functional.gelu(x + bias, approximate=approximate)
+    return torch.nn.functional.gelu(x if bias is None else x + bias, approximate=approximate)
 
 
 bias_gelu_torch.uses_triton = False

@@ -44,3 +44,12 @@ last_row_block_unwritten = mutation.mutant(
         "whenever M is a multiple of 32.",
     kills=("matches_reference",),
 )
+
+bias_flag_dropped = mutation.mutant(
+    "bias_gelu", kernels,
+    [("HAS_BIAS=has_bias,", "HAS_BIAS=False,")],
+    name="bias_flag_dropped", attr="bias_gelu",
+    bug="The kernel's HAS_BIAS flag is never set (a wrapper that grew an optional bias and forgot to pass the "
+        "flag): gelu(x) whatever bias is given. Right whenever the bias is None or zero.",
+    kills=("matches_reference",),
+)
