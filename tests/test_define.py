@@ -18,7 +18,7 @@ import tritoncheck as tc
 from tritoncheck import registry
 from tritoncheck.define import discovery, rounding
 from tritoncheck.define import op as define_op
-from tritoncheck.strategies import Case
+from tritoncheck.strategies import Case, TensorSpec
 from tritoncheck.tolerance import Precision, reference_precision
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,6 +156,30 @@ def test_an_optional_tensor_is_drawn_absent_and_present_and_checked_both_ways(sc
         checks["backward_repeatable"].run(case, good)
     gradients()
     assert with_gradients == {True, False}
+
+
+def _mm_nk(a, b):  # takes b as [N, K], as a kernel with K-major weights does
+    return (a.float() @ b.float().T).to(a.dtype)
+
+
+def test_a_declared_layout_passes_a_tensor_in_the_kernels_order(scratch_ops):
+    tc.op("mm_layouts", inputs={"a": tc.Tensor("M", "K"), "b": tc.Tensor("K", "N")},
+          layouts={"nk": {"b": (1, 0)}})(lambda a, b: a @ b)
+    spec = registry.OPS["mm_layouts"]
+    check = {c.name: c for c in spec.checks}["matches_reference"]
+    case = Case("mm_layouts", "float32", ("a", "b"),
+                {"a": TensorSpec((5, 7), "float32", seed=1), "b": TensorSpec((7, 3), "float32", seed=2)}, {})
+    _mm_nk.layout = "nk"
+    try:
+        check.run(case, registry.Implementation.of("mm_layouts", _mm_nk))  # b arrives as [3, 7]
+        del _mm_nk.layout
+        with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):  # b as [7, 3], read as [N, K]
+            check.run(case, registry.Implementation.of("mm_layouts", _mm_nk))
+    finally:
+        if hasattr(_mm_nk, "layout"):
+            del _mm_nk.layout
+    with pytest.raises(ValueError, match="permutes"):
+        tc.op("mm_bad_layout", inputs={"a": tc.Tensor("M", "K")}, layouts={"nk": {"w": (1, 0)}})(lambda a: a)
 
 
 def test_an_op_needs_a_tensor_that_is_always_passed(scratch_ops):

@@ -65,6 +65,7 @@ class Definition:
     bad_input: BadInput | NotApplicable | None = None
     large_problem: LargeProblem | NotApplicable | None = None
     numpy_reference: Callable | None = None  # a NumPy twin of the reference, cross-checked by the tests
+    layouts: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
     origin: str = ""  # "module:qualname" of the reference: where a replay finds the definition
 
     def __post_init__(self):
@@ -222,6 +223,7 @@ class Definition:
             large_problem=self.large_problem if self.large_problem is not None else checks.large_problem(self),
             bad_input=self.bad_input if self.bad_input is not None else NotApplicable(
                 "a defined op's wrapper checks are its author's: declare bad_input=BadInput(...) to check them"),
+            layouts=self.layouts,
             origin=self.origin,
         )
 
@@ -304,7 +306,8 @@ def op(name: str | None = None, *, inputs: Mapping[str, Tensor | Scalar], output
        numpy: bool = False, cases: Callable | None = None, baseline: Callable | None = None,
        bad_input: BadInput | NotApplicable | None = None,
        large_problem: LargeProblem | NotApplicable | None = None,
-       numpy_reference: Callable | None = None) -> Callable[[Callable], Definition]:
+       numpy_reference: Callable | None = None,
+       layouts: Mapping[str, Mapping[str, tuple[int, ...]]] | None = None) -> Callable[[Callable], Definition]:
     """Define an op from its fp64 reference (the decorated function) and register it.
 
     ``inputs``: argument name -> :class:`Tensor` or :class:`Scalar`, in call order.
@@ -327,7 +330,9 @@ def op(name: str | None = None, *, inputs: Mapping[str, Tensor | Scalar], output
     default the reference itself serves on NumPy arrays. ``controls``, ``baseline``,
     ``bad_input``, ``large_problem``: as on :class:`tritoncheck.OpSpec` (by default the
     baseline is the reference run in the input dtype and the large problem follows
-    ``large``)."""
+    ``large``). ``layouts``: tensor layouts a kernel may declare (``fn.layout = "nk"``)
+    besides the signature's, name -> {tensor: the signature's axes in the kernel's order},
+    e.g. ``{"nk": {"b": (1, 0)}}`` for a kernel that takes ``b`` as ``[N, K]``."""
     def decorate(reference: Callable) -> Definition:
         sig = Signature(inputs=dict(inputs), outputs=_as_outputs(outputs), dims=dict(dims or {}))
         definition = Definition(
@@ -336,7 +341,8 @@ def op(name: str | None = None, *, inputs: Mapping[str, Tensor | Scalar], output
             tolerance=tolerance if tolerance is not None else rules.derived(), grad_tolerance=grad_tolerance,
             meaning=meaning, kernel=kernel, controls=tuple(controls), checks=tuple(checks), numpy=numpy,
             cases=cases, baseline=baseline, bad_input=bad_input, large_problem=large_problem,
-            numpy_reference=numpy_reference, origin=f"{reference.__module__}:{reference.__qualname__}")
+            numpy_reference=numpy_reference, layouts=dict(layouts or {}),
+            origin=f"{reference.__module__}:{reference.__qualname__}")
         _register(definition)
         return definition
     return decorate
