@@ -182,6 +182,31 @@ def test_a_declared_layout_passes_a_tensor_in_the_kernels_order(scratch_ops):
         tc.op("mm_bad_layout", inputs={"a": tc.Tensor("M", "K")}, layouts={"nk": {"w": (1, 0)}})(lambda a: a)
 
 
+def _routed(x, ids):
+    """x's rows whose id is 1, zeros elsewhere: a data-dependent selection (no meta form)."""
+    out = torch.zeros_like(x)
+    rows = (ids == 1).nonzero(as_tuple=True)[0]
+    out[rows] = x[rows]
+    return out
+
+
+def test_a_reference_with_a_data_dependent_step_still_gives_its_output_shapes(scratch_ops):
+    # nonzero has no meta form: the shapes come from the reference on zeros, and rows_independent runs
+    routed = tc.op("routed_rows", inputs={"x": tc.Tensor("M", "N"),
+                                          "ids": tc.Tensor("M", dtype=torch.int64, values=tc.integers(0, 2))},
+                   independent=("M",))(_routed)
+    spec = registry.OPS["routed_rows"]
+    check = {c.name: c for c in spec.checks}["rows_independent"]
+    good = registry.Implementation.of("routed_rows", lambda x, ids: torch.where((ids == 1)[:, None], x, 0.0))
+
+    @settings(max_examples=10, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(case=spec.cases(torch.float32))
+    def run(case: Case):
+        assert routed.output_shapes(case) == {"out": tuple(case.tensors["x"].shape)}
+        check.run(case, good)
+    run()
+
+
 def test_an_op_needs_a_tensor_that_is_always_passed(scratch_ops):
     with pytest.raises(ValueError, match="at least one Tensor input that is not optional"):
         tc.op("all_optional", inputs={"x": tc.Tensor("N", optional=True)})(lambda x: x)
@@ -323,6 +348,23 @@ def test_an_element_no_rule_pins_down_is_not_judged(scratch_ops):
     z = torch.tensor([1.0 + 2**-10, 1.0], dtype=torch.float16)
     _, allowed, *_ = _allowed(ratio, {"x": torch.ones(2, dtype=torch.float16), "y": y, "z": z}, torch.float16)
     assert isinstance(allowed["out"], np.ma.MaskedArray) and list(np.ma.getmaskarray(allowed["out"])) == [True, False]
+
+
+def test_an_intermediate_past_the_input_dtypes_range_leaves_what_depends_on_it_unjudged(scratch_ops):
+    """float16 x + bias past 65504: eager PyTorch rounds it to inf (GELU(-inf) = NaN where the
+    exact output is -0), a fused kernel holds it in fp32; both are the op as written, so that
+    element is not judged, and the others still are."""
+    op = tc.op("audit_overflow", inputs={"x": tc.Tensor("N"), "bias": tc.Tensor("N")})(
+        lambda x, bias: torch.nn.functional.gelu(x + bias))
+    x = torch.tensor([-65000.0, 1.5, -2.0], dtype=torch.float16)
+    bias = torch.tensor([-1000.0, 0.25, 0.5], dtype=torch.float16)
+    expected, allowed, *_ = _allowed(op, {"x": x, "bias": bias}, torch.float16)
+    assert list(np.ma.getmaskarray(allowed["out"])) == [True, False, False]
+    eager = torch.nn.functional.gelu(x + bias)
+    assert torch.isnan(eager[0]) and bool((torch.as_tensor(np.ma.getdata(allowed["out"]))[1:]
+                                           < 1e-2 * torch.as_tensor(expected["out"][1:]).abs()).all())
+    assert bool(((eager[1:].double() - torch.as_tensor(expected["out"][1:])).abs()
+                 <= torch.as_tensor(np.ma.getdata(allowed["out"])[1:])).all())
 
 
 def test_the_reference_precision_is_far_below_the_rule(scratch_ops):

@@ -90,22 +90,6 @@ def _params(kind: str):
     return params
 
 
-def _outside_fp32(verdict) -> bool:
-    """A failure where PyTorch's own result in the input dtype is infinitely wrong too: an
-    intermediate of the eager evaluation passed the input dtype's range (_DERIVED_RULE_FINDING)."""
-    return verdict.failed and "PyTorch's own" in verdict.text and "result is off by inf here" in verdict.text
-
-
-# Seen on an H200 (bias_gelu_torch, float16, calls_independent): eager PyTorch rounds x + bias
-# to float16, which overflows to -inf where the exact sum passes -65504, and GELU(-inf) is NaN
-# where the exact output is -0. The derived rule expects a value past a narrow dtype's range to
-# be held in fp32, as the fused kernel does (rounding.Units.round_off), so the eager control
-# fails there: a limit of evaluating in the input dtype, open until the rule discards such cases.
-_DERIVED_RULE_FINDING = (
-    "an intermediate past the input dtype's range: eager float16 rounds x + bias to inf where the exact "
-    "sum passes 65504 (GELU(-inf) = NaN, exact -0); the derived rule expects it held in fp32")
-
-
 @pytest.fixture
 def short_lengths_on_the_interpreter(monkeypatch):
     """No length past 4096 under the interpreter (no long draw, no "past 4096" or "past
@@ -126,8 +110,6 @@ def test_control_passes(control, dtype, check):
     if reason:
         pytest.skip(reason)
     verdict = selfcheck.hunt(op, control, check, dtype, selfcheck.CONTROL_EXAMPLES)
-    if _outside_fp32(verdict):
-        pytest.xfail(f"{_DERIVED_RULE_FINDING}: {verdict.text[:600]}")
     assert not verdict.failed, f"control {control.target} fails {check.name}: {verdict.text}"
 
 
@@ -140,8 +122,6 @@ def test_kernel_passes(kernel, dtype, check):
     if reason:
         pytest.skip(reason)
     verdict = selfcheck.hunt(op, kernel, check, dtype, KERNEL_EXAMPLES)
-    if _outside_fp32(verdict):
-        pytest.xfail(f"{_DERIVED_RULE_FINDING}: {verdict.text[:600]}")
     assert not verdict.failed, f"kernel {kernel.target} fails {check.name}: {verdict.text}"
 
 

@@ -265,18 +265,31 @@ def _meta_shapes(definition: Definition, arguments: tuple) -> tuple[tuple[int, .
     if definition.numpy:
         raise ValueError(f"{definition.name}: a NumPy reference cannot run on meta tensors; declare every output's "
                          "shape: outputs={'y': tritoncheck.Output('M', 'N')}")
-    args = []
-    for _name, shape, dtype in arguments:
-        if shape is None:
-            args.append(dtype)  # a scalar's value
-            continue
-        torch_dtype = getattr(torch, dtype)
-        args.append(torch.empty(shape, dtype=torch.float64 if torch_dtype.is_floating_point else torch_dtype,
-                                device="meta"))
-    with torch.no_grad():
-        out = definition.reference(*args)
-    out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-    return tuple(tuple(o.shape) for o in out)
+    def run(device: str):
+        args = []
+        for _name, shape, dtype in arguments:
+            if shape is None:
+                args.append(dtype)  # a scalar's value
+                continue
+            torch_dtype = getattr(torch, dtype)
+            args.append(torch.zeros(shape, dtype=torch.float64 if torch_dtype.is_floating_point else torch_dtype,
+                                    device=device))
+        with torch.no_grad():
+            out = definition.reference(*args)
+        out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        return tuple(tuple(o.shape) for o in out)
+
+    try:
+        return run("meta")
+    except (NotImplementedError, RuntimeError):
+        # a data-dependent step (nonzero, a routing's index lists, .item()) has no meta form: the
+        # reference on zeros (index 0 everywhere, in every integer domain) gives the shapes
+        try:
+            return run("cpu")
+        except Exception as exc:  # noqa: BLE001 - any failure of the user's reference: name the fix
+            raise ValueError(f"{definition.name}: the output shapes could not be read from the reference on "
+                             f"meta tensors (a data-dependent step) nor on zeros ({type(exc).__name__}: {exc}); "
+                             "declare them: outputs={'y': tritoncheck.Output('T', 'H')}") from exc
 
 
 def _sizes_from(definition: Definition, arguments: tuple) -> dict[str, int]:

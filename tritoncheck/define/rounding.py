@@ -36,9 +36,10 @@ rounding to what it inherits (PyTorch's decompositions open the composite ones:
   :attr:`Evaluation.perturbed`).
 
 ``r(z) = u(d) |z| + floor(d)``: one rounding to ``d``, the nominal dtype (at least fp32
-under ``least=float32``, a fused kernel's promise); where ``|z|`` passes ``d``'s range a fused
-kernel holds it in fp32 (``u32``), and past fp32's range no fp32 implementation can hold
-it: the bound is infinite there (``Evaluation.overflow``). ``floor`` is
+under ``least=float32``, a fused kernel's promise); where ``|z|`` passes ``d``'s range, PyTorch
+eager rounds it to inf and a fused kernel holds it in fp32: both are the op as written, so
+the bound is infinite there and what depends on it unconstrained (not judged); past fp32's
+range no fp32 implementation can hold it and the case is discarded (``Evaluation.overflow``). ``floor`` is
 :func:`~tritoncheck.tolerance.underflow_floor`. Autograd runs through the same tensors,
 so ``torch.autograd.grad`` of the tracked reference bounds the gradients.
 
@@ -101,8 +102,8 @@ class Units:
         if d == torch.float64:
             return U64 * a + (F64_FLOOR if self.exact else 0.0)
         held = unit_roundoff(d) * a + underflow_floor(d) if d.itemsize >= 2 else unit_roundoff(d) * a
-        if d != torch.float32:  # past a narrow dtype's range a fused kernel holds the value in fp32
-            held = torch.where(a <= float(torch.finfo(d).max), held, U32 * a + underflow_floor(torch.float32))
+        if d != torch.float32:  # past a narrow dtype's range: inf in eager, finite in a fused kernel
+            held = torch.where(a <= float(torch.finfo(d).max), held, math.inf)
         return torch.where(a <= F32_MAX, held, math.inf)
 
 
