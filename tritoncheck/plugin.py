@@ -223,9 +223,11 @@ def pytest_cmdline_main(config):
     report_dir = Path(config.getoption("--report-dir"))
     try:
         report_dir.mkdir(parents=True, exist_ok=True)
-        probe = report_dir / ".write-probe"
+        # one probe a process: xdist's workers run this too, and a shared name raced (one worker
+        # unlinked the probe another had just written: "cannot write there", a crashed worker)
+        probe = report_dir / f".write-probe-{os.getpid()}"
         probe.write_text("")
-        probe.unlink()
+        probe.unlink(missing_ok=True)
     except OSError as exc:
         raise pytest.UsageError(f"--report-dir {str(report_dir)!r}: cannot write there ({exc.strerror or exc})") from None
     return None
