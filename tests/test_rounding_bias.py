@@ -80,3 +80,49 @@ def test_values_that_share_their_roundings_are_drawn_spread():
     spread = rounding_bias.spread_values(case)
     assert [s.family for s in spread.tensors.values()] == ["normal", "normal", "outlier"]
     assert spread.tensors["x"].injections == () and spread.params == case.params
+
+
+def test_elements_the_rule_leaves_unconstrained_are_not_judged():
+    # a defined op's allowance is infinite (masked) where nothing pins an element down (an
+    # intermediate past float16's range); every element so once divided by a zero weight
+    pool = rounding_bias._Pool()
+    expected = np.linspace(1.0, 2.0, 64)
+    got = torch.from_numpy(expected).half()
+    pool.add(got, expected, np.ma.masked_invalid(np.full(64, np.inf)), np.zeros(64), torch.float16)
+    found = pool.judged(DELTA)
+    assert all(b.elements == 0 and not b.failed and b.allowed == np.inf for b in found.values())
+
+
+def test_a_defined_ops_fp32_share_is_its_arithmetic_not_the_references_noise():
+    """compute_only(p) for a defined op: the derived rule with intermediates held in fp32 (the
+    arithmetic's share c, nonzero for a long sum), not the fp64 reference's own error; a
+    truncating store still fails."""
+    import tritoncheck as tc
+    from tritoncheck.define import op as define_op
+    from tritoncheck.tolerance import Precision, reference_precision
+    before = dict(registry.OPS), dict(define_op.DEFINITIONS)
+    try:
+        spec = tc.op("bias_rowsum", inputs={"x": tc.Tensor("M", "K")})(lambda x: x.sum(-1, keepdim=True) * x).spec()
+        case = Case("bias_rowsum", "float16", ("x",), {"x": TensorSpec((64, 32), "float16", seed=0)})
+        x = case.materialise("cpu")["x"]
+        expected, inputs64 = spec.expected(case, {"x": x})
+        p = Precision.of(torch.float16, "interpret")
+        share = np.ma.getdata(spec.tolerance(case, inputs64, expected, rounding_bias.compute_only(p))["out"])
+        noise = np.ma.getdata(spec.tolerance(case, inputs64, expected, reference_precision(p))["out"])
+        assert np.all(share > 1e3 * noise) and np.median(share / np.abs(expected["out"])) < 2.0**-14
+        impl = registry.Implementation.of("bias_rowsum",
+                                          lambda x: _truncated(x.float().sum(-1, keepdim=True) * x.float()))
+        with pytest.raises(AssertionError, match="biased toward zero"):
+            generic.unbiased_rounding(case, impl)
+    finally:
+        registry.OPS.clear()
+        registry.OPS.update(before[0])
+        define_op.DEFINITIONS.clear()
+        define_op.DEFINITIONS.update(before[1])
+
+
+def _truncated(y: torch.Tensor) -> torch.Tensor:
+    """fp32 ``y`` stored in float16 by truncation (toward zero)."""
+    h = y.half()
+    over = (h.float().abs() > y.abs()) & torch.isfinite(h)
+    return torch.where(over, torch.nextafter(h, torch.zeros_like(h)), h)

@@ -216,11 +216,14 @@ class _Pool:
         y = got.detach().to("cpu", torch.float64).numpy()
         r = np.asarray(expected, dtype=np.float64)
         info = torch.finfo(dtype)
-        keep = np.isfinite(r) & np.isfinite(y) & (np.abs(r) >= counted_from(dtype)) & (np.abs(r) <= float(info.max))
+        # an element the rule leaves unconstrained (masked, or an infinite bound) is not judged here either
+        allowed, fp32_share = (np.broadcast_to(np.ma.filled(np.ma.asarray(a, dtype=np.float64), np.inf), r.shape)
+                               for a in (allowed, fp32_share))
+        keep = np.isfinite(r) & np.isfinite(y) & (np.abs(r) >= counted_from(dtype)) & (np.abs(r) <= float(info.max)) \
+            & np.isfinite(allowed)
         r, y = r[keep], y[keep]
         spacing = tolerance.ulp(r, dtype)
-        b, c = (np.broadcast_to(np.asarray(a, dtype=np.float64), keep.shape)[keep] / spacing
-                for a in (allowed, fp32_share))
+        b, c = (a[keep] / spacing for a in (allowed, fp32_share))
         # the error of rounding the exact value itself (round-to-nearest-even, as torch converts):
         # the centre a correct store errs about; where r lies within the fp32 share of a
         # midpoint, the fp32 result may round to the other neighbour, one spacing away
