@@ -207,6 +207,50 @@ def test_a_reference_with_a_data_dependent_step_still_gives_its_output_shapes(sc
     run()
 
 
+def _moe(x, w1, w2, topk_ids, topk_weights):
+    """A mixture-of-experts layer with SwiGLU experts, routed by index lists (no meta form)."""
+    y = x.new_zeros(x.shape[0], w2.shape[1])
+    for e in range(w1.shape[0]):
+        rows, slots = (topk_ids == e).nonzero(as_tuple=True)
+        g, u = (x[rows] @ w1[e].T).chunk(2, dim=-1)
+        o = (torch.nn.functional.silu(g) * u) @ w2[e].T
+        y = y.index_add(0, rows, o * topk_weights[rows, slots, None].to(o.dtype))
+    return y
+
+
+def _moe_eager(x, w1, w2, topk_ids, topk_weights):  # correct, as users write it: h and o in x's dtype
+    y = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float32, device=x.device)
+    for e in range(w1.shape[0]):
+        rows, slots = (topk_ids == e).nonzero(as_tuple=True)
+        g, u = (x[rows] @ w1[e].T).chunk(2, dim=-1)
+        o = (torch.nn.functional.silu(g) * u) @ w2[e].T
+        y.index_add_(0, rows, o.float() * topk_weights[rows, slots, None])
+    return y.to(x.dtype)
+
+
+def test_a_users_moe_layer_through_the_door_passes_its_eager_control(scratch_ops):
+    """What the door met on an MoE-shaped op: output shapes of a data-dependent reference (rows_independent
+    raised), eager float16 intermediates past 65504 (matches_reference failed a correct control), an fp32
+    share of 0 and a division by zero in unbiased_rounding."""
+    tc.op("user_moe", inputs={"x": tc.Tensor("T", "H"), "w1": tc.Tensor("E", "2*I", "H"),
+                              "w2": tc.Tensor("E", "H", "I"),
+                              "topk_ids": tc.Tensor("T", "k", dtype=torch.int64, values=tc.integers(0, "E")),
+                              "topk_weights": tc.Tensor("T", "k", dtype=torch.float32, values=tc.unit_interval())},
+          dims={"k": tc.Dim(max=4), "E": tc.Dim(max=8)}, independent=("T",))(_moe)
+    spec = registry.OPS["user_moe"]
+    checks = {c.name: c for c in spec.checks}
+    control = registry.Implementation.of("user_moe", _moe_eager)
+    def hunt(check):
+        @settings(max_examples=6, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        @given(case=check.cases(spec, torch.float16) if check.cases else spec.cases(torch.float16))
+        def run(case: Case):
+            check.run(case, control)
+        run()
+    for name in ("matches_reference", "rows_independent", "unbiased_rounding"):
+        hunt(checks[name])
+
+
 def test_an_op_needs_a_tensor_that_is_always_passed(scratch_ops):
     with pytest.raises(ValueError, match="at least one Tensor input that is not optional"):
         tc.op("all_optional", inputs={"x": tc.Tensor("N", optional=True)})(lambda x: x)
