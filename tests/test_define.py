@@ -251,6 +251,51 @@ def test_a_users_moe_layer_through_the_door_passes_its_eager_control(scratch_ops
         hunt(checks[name])
 
 
+def _scan(x, a, h0):
+    """A diagonal linear recurrence: h_t = a_t h_{t-1} + x_t; (every h_t, the last)."""
+    h = x.new_zeros(x.shape[0], x.shape[2]) if h0 is None else h0
+    ys = []
+    for t in range(x.shape[1]):
+        h = a[:, t] * h + x[:, t]
+        ys.append(h)
+    return torch.stack(ys, 1), h
+
+
+def _scan_fp32(x, a, h0=None):
+    h = torch.zeros(x.shape[0], x.shape[2], dtype=torch.float32) if h0 is None else h0.float()
+    ys = []
+    for t in range(x.shape[1]):
+        h = a[:, t].float() * h + x[:, t].float()
+        ys.append(h)
+    return torch.stack(ys, 1).to(x.dtype), h.to(x.dtype)
+
+
+def test_a_users_scan_with_an_optional_initial_state_through_the_door(scratch_ops):
+    """Two outputs, a sequential reference, an optional initial state with its gradient: every
+    generic check passes a correct implementation (float16, 6 derandomized draws each)."""
+    tc.op("user_scan", inputs={"x": tc.Tensor("B", "T", "D"), "a": tc.Tensor("B", "T", "D", values=tc.unit_interval()),
+                               "h0": tc.Tensor("B", "D", optional=True)},
+          outputs=("y", "h"), grads=("x", "a", "h0"), independent=("B",))(_scan)
+    spec = registry.OPS["user_scan"]
+    impl = registry.Implementation.of("user_scan", _scan_fp32)
+    ran = []
+    for check in spec.checks:
+        if check.requires and check.requires(impl):
+            continue
+
+        def hunt(check=check):
+            @settings(max_examples=6, deadline=None, database=None, derandomize=True,
+                      suppress_health_check=list(HealthCheck))
+            @given(case=check.cases(spec, torch.float16) if check.cases else spec.cases(torch.float16))
+            def run(case: Case):
+                check.run(case, impl)
+            run()
+        hunt()
+        ran.append(check.name)
+    assert {"matches_reference", "gradients_match_reference", "backward_repeatable", "rows_independent",
+            "unbiased_rounding", "layout_invariant"} <= set(ran)
+
+
 def test_an_op_needs_a_tensor_that_is_always_passed(scratch_ops):
     with pytest.raises(ValueError, match="at least one Tensor input that is not optional"):
         tc.op("all_optional", inputs={"x": tc.Tensor("N", optional=True)})(lambda x: x)
