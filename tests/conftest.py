@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import pytest
 
+from tritoncheck import registry
+from tritoncheck.define import op as define_op
 from tritoncheck.plugin import CHECK
 
 # Marker expression -> what it runs, and its duration on an idle 2-core CPU (Triton interpreter),
@@ -97,3 +99,15 @@ def pytest_collection_modifyitems(config, items):
     both = [item.nodeid for item in items if item.get_closest_marker("smoke") and item.get_closest_marker("slow")]
     if both:
         raise pytest.UsageError(f"marked both smoke and slow (smoke is part of every commit's tier): {both}")
+
+
+@pytest.fixture
+def scratch_ops():
+    """Ops defined in a test (tritoncheck.op) are registered for it alone."""
+    registry.load()
+    ops, definitions = dict(registry.OPS), dict(define_op.DEFINITIONS)
+    yield
+    registry.OPS.clear()
+    registry.OPS.update(ops)
+    define_op.DEFINITIONS.clear()
+    define_op.DEFINITIONS.update(definitions)

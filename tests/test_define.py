@@ -17,23 +17,10 @@ from hypothesis import HealthCheck, given, settings
 import tritoncheck as tc
 from tritoncheck import registry
 from tritoncheck.define import discovery, rounding
-from tritoncheck.define import op as define_op
 from tritoncheck.strategies import Case, TensorSpec
 from tritoncheck.tolerance import Precision, reference_precision
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def scratch_ops():
-    """Ops defined in a test are registered for it alone."""
-    registry.load()
-    ops, definitions = dict(registry.OPS), dict(define_op.DEFINITIONS)
-    yield
-    registry.OPS.clear()
-    registry.OPS.update(ops)
-    define_op.DEFINITIONS.clear()
-    define_op.DEFINITIONS.update(definitions)
 
 
 def _reference(a, b):
@@ -228,6 +215,16 @@ def _moe_eager(x, w1, w2, topk_ids, topk_weights):  # correct, as users write it
     return y.to(x.dtype)
 
 
+def _hunt(spec, check, impl, dtype=torch.float16, examples=6):
+    """``check`` on ``examples`` derandomized draws of its cases (the op's, unless its own)."""
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(case=check.cases(spec, dtype) if check.cases else spec.cases(dtype))
+    def run(case: Case):
+        check.run(case, impl)
+    run()
+
+
 def test_a_users_moe_layer_through_the_door_passes_its_eager_control(scratch_ops):
     """What the door met on an MoE-shaped op: output shapes of a data-dependent reference (rows_independent
     raised), eager float16 intermediates past 65504 (matches_reference failed a correct control), an fp32
@@ -240,15 +237,8 @@ def test_a_users_moe_layer_through_the_door_passes_its_eager_control(scratch_ops
     spec = registry.OPS["user_moe"]
     checks = {c.name: c for c in spec.checks}
     control = registry.Implementation.of("user_moe", _moe_eager)
-    def hunt(check):
-        @settings(max_examples=6, deadline=None, database=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck))
-        @given(case=check.cases(spec, torch.float16) if check.cases else spec.cases(torch.float16))
-        def run(case: Case):
-            check.run(case, control)
-        run()
     for name in ("matches_reference", "rows_independent", "unbiased_rounding"):
-        hunt(checks[name])
+        _hunt(spec, checks[name], control)
 
 
 def _scan(x, a, h0):
@@ -282,15 +272,7 @@ def test_a_users_scan_with_an_optional_initial_state_through_the_door(scratch_op
     for check in spec.checks:
         if check.requires and check.requires(impl):
             continue
-
-        def hunt(check=check):
-            @settings(max_examples=6, deadline=None, database=None, derandomize=True,
-                      suppress_health_check=list(HealthCheck))
-            @given(case=check.cases(spec, torch.float16) if check.cases else spec.cases(torch.float16))
-            def run(case: Case):
-                check.run(case, impl)
-            run()
-        hunt()
+        _hunt(spec, check, impl)
         ran.append(check.name)
     assert {"matches_reference", "gradients_match_reference", "backward_repeatable", "rows_independent",
             "unbiased_rounding", "layout_invariant"} <= set(ran)

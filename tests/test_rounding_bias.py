@@ -93,32 +93,23 @@ def test_elements_the_rule_leaves_unconstrained_are_not_judged():
     assert all(b.elements == 0 and not b.failed and b.allowed == np.inf for b in found.values())
 
 
-def test_a_defined_ops_fp32_share_is_its_arithmetic_not_the_references_noise():
+def test_a_defined_ops_fp32_share_is_its_arithmetic_not_the_references_noise(scratch_ops):
     """compute_only(p) for a defined op: the derived rule with intermediates held in fp32 (the
-    arithmetic's share c, nonzero for a long sum), not the fp64 reference's own error; a
-    truncating store still fails."""
+    arithmetic's share c, nonzero for a sum), not the fp64 reference's own error; a truncating
+    store still fails."""
     import tritoncheck as tc
-    from tritoncheck.define import op as define_op
     from tritoncheck.tolerance import Precision, reference_precision
-    before = dict(registry.OPS), dict(define_op.DEFINITIONS)
-    try:
-        spec = tc.op("bias_rowsum", inputs={"x": tc.Tensor("M", "K")})(lambda x: x.sum(-1, keepdim=True) * x).spec()
-        case = Case("bias_rowsum", "float16", ("x",), {"x": TensorSpec((64, 32), "float16", seed=0)})
-        x = case.materialise("cpu")["x"]
-        expected, inputs64 = spec.expected(case, {"x": x})
-        p = Precision.of(torch.float16, "interpret")
-        share = np.ma.getdata(spec.tolerance(case, inputs64, expected, rounding_bias.compute_only(p))["out"])
-        noise = np.ma.getdata(spec.tolerance(case, inputs64, expected, reference_precision(p))["out"])
-        assert np.all(share > 1e3 * noise) and np.median(share / np.abs(expected["out"])) < 2.0**-14
-        impl = registry.Implementation.of("bias_rowsum",
-                                          lambda x: _truncated(x.float().sum(-1, keepdim=True) * x.float()))
-        with pytest.raises(AssertionError, match="biased toward zero"):
-            generic.unbiased_rounding(case, impl)
-    finally:
-        registry.OPS.clear()
-        registry.OPS.update(before[0])
-        define_op.DEFINITIONS.clear()
-        define_op.DEFINITIONS.update(before[1])
+    spec = tc.op("bias_rowsum", inputs={"x": tc.Tensor("M", "K")})(lambda x: x.sum(-1, keepdim=True) * x).spec()
+    case = Case("bias_rowsum", "float16", ("x",), {"x": TensorSpec((64, 32), "float16", seed=0)})
+    x = case.materialise("cpu")["x"]
+    expected, inputs64 = spec.expected(case, {"x": x})
+    p = Precision.of(torch.float16, "interpret")
+    share = np.ma.getdata(spec.tolerance(case, inputs64, expected, rounding_bias.compute_only(p))["out"])
+    noise = np.ma.getdata(spec.tolerance(case, inputs64, expected, reference_precision(p))["out"])
+    assert np.all(share > 1e3 * noise) and np.median(share / np.abs(expected["out"])) < 2.0**-14
+    impl = registry.Implementation.of("bias_rowsum", lambda x: _truncated(x.float().sum(-1, keepdim=True) * x.float()))
+    with pytest.raises(AssertionError, match="biased toward zero"):
+        generic.unbiased_rounding(case, impl)
 
 
 def _truncated(y: torch.Tensor) -> torch.Tensor:

@@ -54,11 +54,10 @@ class Derived:
     def units(self, p: Precision) -> rounding.Units:
         if p.dtype == torch.float64 and p.compute == U64:  # the reference's own error (tolerance.reference_precision)
             return rounding.Units(accumulate=U64, dot=U64, function=U64, exact=True)
-        if p.dtype == torch.float64:  # rounding_bias.compute_only: the fp32 arithmetic's share, no narrow rounding
-            return rounding.Units(accumulate=tolerance.unit_roundoff(self.accumulate), dot=p.dot, function=p.compute,
-                                  least=torch.float32)
+        # float64 with fp32 compute is rounding_bias.compute_only: the fp32 arithmetic's share, no narrow rounding
+        held = p.dtype == torch.float64 or self.intermediates != "input"
         return rounding.Units(accumulate=tolerance.unit_roundoff(self.accumulate), dot=p.dot, function=p.compute,
-                              least=None if self.intermediates == "input" else torch.float32)
+                              least=torch.float32 if held else None)
 
 
 @dataclass(frozen=True)
